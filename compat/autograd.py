@@ -1,0 +1,62 @@
+"""Gradients without `loss.backward()`.
+
+`value_and_grad(fn, params)(*args)` runs `fn(*args)` once, which returns a scalar loss or `(loss, aux)`, and
+returns `(loss, aux, grads)`: the detached loss, the detached aux structure and one gradient per parameter
+(in `params` order). MindSpore differentiates with `mindspore.value_and_grad`; torch with autograd.
+
+Parameters that the loss does not reach get a zero gradient on both backends (MindSpore cannot tell "unused"
+from "zero"); callers that need torch's "None = skip" semantics track usage themselves.
+Side effects inside `fn` (running-statistics updates) happen exactly once per call on both backends.
+"""
+import compat as _c
+from compat.tensor import detach_tree
+
+
+def _split(out):
+    if isinstance(out, tuple) and len(out) == 2:
+        return out[0], out[1]
+    return out, None
+
+
+def value_and_grad(fn, params):
+    params = list(params)
+    if _c.IS_MINDSPORE:
+        return _ms_value_and_grad(fn, params)
+    return _torch_value_and_grad(fn, params)
+
+
+def _torch_value_and_grad(fn, params):
+    torch = _c.torch
+
+    def run(*args, **kwargs):
+        with torch.enable_grad():
+            loss, aux = _split(fn(*args, **kwargs))
+            grads = torch.autograd.grad(loss, params, allow_unused=True)
+        grads = tuple(torch.zeros_like(p) if g is None else g for p, g in zip(params, grads))
+        return loss.detach(), detach_tree(aux), grads
+
+    return run
+
+
+def _ms_value_and_grad(fn, params):
+    import mindspore
+    torch = _c.torch
+    weights = list(params)  # a ParameterTuple would demand unique names; free-standing Parameters share one
+    box = {}
+
+    # aux leaves through a side channel: mindspore's has_aux rejects nested outputs, and PyNative runs the
+    # forward exactly once per call, so the closure sees the values of this call.
+    def loss_only(*args, **kwargs):
+        loss, aux = _split(fn(*args, **kwargs))
+        box["aux"] = aux
+        return loss
+
+    grad_fn = mindspore.value_and_grad(loss_only, None, weights)
+
+    def run(*args, **kwargs):
+        box.clear()
+        loss, grads = grad_fn(*args, **kwargs)
+        grads = tuple(torch.cast_to_adapter_tensor(g) for g in grads)
+        return torch.cast_to_adapter_tensor(loss), detach_tree(box.get("aux")), grads
+
+    return run

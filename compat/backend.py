@@ -1,0 +1,88 @@
+"""Backend selection: the one place that decides which framework sits under the torch API.
+
+`REID_BACKEND` picks it (``mindspore``, the default, or ``torch``). Under MindSpore the torch-API layer is
+``mindtorch.torch`` when it imports cleanly (MindSpore 2.3/2.4 installs), else ``msadapter.pytorch``
+(MindSpore 2.0.0, the stack that installs from PyPI). Entry points set the variable from ``--backend``
+before anything imports ``compat``.
+"""
+import importlib
+import multiprocessing
+import os
+import warnings
+
+from compat.errors import UserError
+
+BACKENDS = ("mindspore", "torch")
+
+
+def requested_backend():
+    name = os.environ.get("REID_BACKEND", "mindspore").strip().lower() or "mindspore"
+    if name not in BACKENDS:
+        raise UserError(
+            "unknown backend %r (from REID_BACKEND or --backend); use one of: %s" % (name, ", ".join(BACKENDS)))
+    return name
+
+
+def _import_torch_api_on_mindspore():
+    """Return (torch, nn, F, layer_name, layer_version) for the MindSpore backend."""
+    # MindSpore logs every warning of its device probes to stderr; keep only errors unless the user asked.
+    os.environ.setdefault("GLOG_v", "3")
+    try:
+        import mindspore  # noqa: F401
+    except ImportError as exc:
+        raise UserError(
+            "backend 'mindspore' needs the MindSpore environment (%s); run 'make setup-ms' and use "
+            ".venv/bin/python, or pick --backend torch" % exc) from None
+    errors = []
+    for layer in ("mindtorch.torch", "msadapter.pytorch"):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                torch = importlib.import_module(layer)
+                nn = importlib.import_module(layer + ".nn")
+                F = importlib.import_module(layer + ".nn.functional")
+        except Exception as exc:  # mindtorch on a MindSpore it was not written for fails in many ways
+            errors.append("%s: %s: %s" % (layer, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else ""))
+            continue
+        top = importlib.import_module(layer.split(".")[0])
+        version = getattr(top, "__version__", None)
+        if version is None:
+            try:
+                from importlib.metadata import version as dist_version
+                version = dist_version(layer.split(".")[0])
+            except Exception:
+                version = "unknown"
+        return torch, nn, F, layer, version
+    raise UserError("no torch-API layer for MindSpore imports (%s); install msadapter==0.1.0 "
+                    "(see requirements.txt)" % "; ".join(errors))
+
+
+def load():
+    """Import the selected backend and return a dict describing it."""
+    name = requested_backend()
+    if name == "torch":
+        try:
+            import torch
+            import torch.nn as nn
+            import torch.nn.functional as F
+        except ImportError as exc:
+            raise UserError("backend 'torch' needs PyTorch (%s); run 'make setup-torch' and use "
+                            ".venv-torch/bin/python" % exc) from None
+        return dict(name=name, torch=torch, nn=nn, F=F, layer="torch", layer_version=torch.__version__,
+                    framework="torch", framework_version=torch.__version__)
+
+    torch, nn, F, layer, layer_version = _import_torch_api_on_mindspore()
+    import mindspore
+    mindspore.set_context(mode=mindspore.PYNATIVE_MODE)
+    # MSAdapter forces the 'spawn' start method when imported; its own workers then die and so do
+    # mindspore.dataset worker processes. Fork is what both loaders were written for on Linux.
+    if os.name == "posix":
+        try:
+            multiprocessing.set_start_method("fork", force=True)
+        except RuntimeError:
+            pass
+    # The layer warns on every in-place op ("not encouraged"); that says nothing about correctness here.
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"(msadapter|mindtorch)(\..*)?")
+    warnings.filterwarnings("ignore", message=r".*inplace.*", category=UserWarning)
+    return dict(name=name, torch=torch, nn=nn, F=F, layer=layer, layer_version=layer_version,
+                framework="mindspore", framework_version=mindspore.__version__)

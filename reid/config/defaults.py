@@ -1,0 +1,133 @@
+"""Default configuration: the full-size ACL setup of the original (Protocol-2, M+MS+CS -> CUHK03).
+
+Values and their meaning follow ../shared/reference/acl-dgreid.md (sections B-E). Configs in configs/
+override them; the command line overrides those.
+"""
+from yacs.config import CfgNode as CN
+
+_C = CN()
+_C.SEED = 0                       # global seed (numpy, python, backend, samplers); the original used a random one
+_C.OUTPUT_DIR = "output/acl_protocol2_cuhk03"
+
+# ----------------------------------------------------------------------------- model
+_C.MODEL = CN()
+_C.MODEL.META_ARCHITECTURE = "ACL"   # registry name: "ACL" or "Baseline" (bag of tricks)
+_C.MODEL.DEVICE = "cpu"              # cpu | gpu | ascend
+_C.MODEL.WEIGHTS = ""                # checkpoint to start from / evaluate
+_C.MODEL.PIXEL_MEAN = [123.675, 116.28, 103.53]   # ImageNet mean * 255 (inputs are 0..255)
+_C.MODEL.PIXEL_STD = [58.395, 57.12, 57.375]
+# Emulate the original's nn.DataParallel over 4 GPUs: BN statistics and losses per contiguous chunk
+# (acl-dgreid.md C.5). 1 = whole-batch semantics.
+_C.MODEL.NUM_SPLITS = 4
+
+_C.MODEL.BACKBONE = CN()
+_C.MODEL.BACKBONE.NAME = "acl_resnet50_ibn_a"   # or "resnet50", "resnet50_ibn_a" (baseline)
+_C.MODEL.BACKBONE.BASE_WIDTH = 64                # stem width; 64 is ResNet-50, smaller runs on CPU
+_C.MODEL.BACKBONE.LAST_STRIDE = 1
+_C.MODEL.BACKBONE.WITH_IBN = True
+_C.MODEL.BACKBONE.NUM_EXPERTS = 4                # K, dynamic-branch experts per CODE block
+_C.MODEL.BACKBONE.PRETRAIN = False               # load ImageNet ResNet-50-IBN-a weights from PRETRAIN_PATH
+_C.MODEL.BACKBONE.PRETRAIN_PATH = ""             # e.g. ~/.cache/torch/checkpoints/resnet50_ibn_a-d9d0bb7b.pth
+_C.MODEL.BACKBONE.ADAPTOR_STEP_RATIO = 0.5       # r: fast-weight step ratio for modules named *adaptor*
+
+_C.MODEL.HEADS = CN()
+_C.MODEL.HEADS.NAME = "MetaEmbeddingHead"
+_C.MODEL.HEADS.POOL_LAYER = "gem"                # GeM with p fixed at 3
+_C.MODEL.HEADS.GEM_P = 3.0
+_C.MODEL.HEADS.NECK_FEAT = "after"               # metric-loss feature: after BNNeck
+_C.MODEL.HEADS.SCALE = 1.0
+_C.MODEL.HEADS.NUM_CLASSES = [11934, 751, 1041]  # per source domain, set from the datasets at train time
+
+_C.MODEL.LOSSES = CN()
+_C.MODEL.LOSSES.CE = CN()
+_C.MODEL.LOSSES.CE.EPSILON = 0.1
+_C.MODEL.LOSSES.CE.SCALE = 0.5
+_C.MODEL.LOSSES.TRI = CN()
+_C.MODEL.LOSSES.TRI.MARGIN = 0.3
+_C.MODEL.LOSSES.TRI.SCALE = 1.0
+_C.MODEL.LOSSES.CENTER = CN()
+_C.MODEL.LOSSES.CENTER.SCALE = 5e-4              # basic step
+_C.MODEL.LOSSES.CENTER.META_SCALE = 1e-3         # meta-test step
+_C.MODEL.LOSSES.CLUSTER = CN()
+_C.MODEL.LOSSES.CLUSTER.ENABLED = True
+_C.MODEL.LOSSES.CLUSTER.INTRA_MARGIN = 0.1
+_C.MODEL.LOSSES.CLUSTER.INTER_MARGIN = 0.3
+_C.MODEL.LOSSES.CLUSTER.CENTROID = "scalar"      # "scalar" (the original's behaviour) or "vector" (per-dimension)
+_C.MODEL.LOSSES.SCT = CN()
+_C.MODEL.LOSSES.SCT.SCALE = 1.0
+
+# ----------------------------------------------------------------------------- input / augmentation
+_C.INPUT = CN()
+_C.INPUT.SIZE_TRAIN = [256, 128]     # H, W
+_C.INPUT.SIZE_TEST = [256, 128]
+_C.INPUT.FLIP = CN({"ENABLED": True, "PROB": 0.5})
+_C.INPUT.PADDING = CN({"ENABLED": True, "SIZE": 10})
+_C.INPUT.CJ = CN({"ENABLED": True, "PROB": 0.5, "BRIGHTNESS": 0.15, "CONTRAST": 0.15, "SATURATION": 0.1, "HUE": 0.1})
+_C.INPUT.AUTOAUG = CN({"ENABLED": True, "PROB": 0.1})
+_C.INPUT.REA = CN({"ENABLED": False, "PROB": 0.5, "VALUE": [123.675, 116.28, 103.53]})
+
+# ----------------------------------------------------------------------------- datasets
+_C.DATASETS = CN()
+_C.DATASETS.ROOT = "datasets"        # or the REID_DATA environment variable
+_C.DATASETS.NAMES = ["CUHKSYSU", "Market1501", "MSMT17"]   # source domains, in domain-id order
+_C.DATASETS.TESTS = ["CUHK03"]
+_C.DATASETS.COMBINEALL = False       # Protocol-3: train on train+test of the sources
+_C.DATASETS.CUHK03_LABELED = True
+_C.DATASETS.CUHK03_SPLIT = 0
+_C.DATASETS.ON_BAD_IMAGE = "stop"    # "stop" | "skip": what a corrupt/unreadable image does
+_C.DATASETS.SYNTHETIC = CN()
+_C.DATASETS.SYNTHETIC.SEED = 0
+_C.DATASETS.SYNTHETIC.NUM_IDS = 300  # identities per synthetic domain
+
+# ----------------------------------------------------------------------------- loader
+_C.DATALOADER = CN()
+_C.DATALOADER.SAMPLER_TRAIN = "NaiveIdentitySampler"
+_C.DATALOADER.NUM_INSTANCE = 2
+_C.DATALOADER.NUM_WORKERS = 2
+
+# ----------------------------------------------------------------------------- solver
+_C.SOLVER = CN()
+_C.SOLVER.OPT = "SGD"
+_C.SOLVER.BASE_LR = 0.04
+_C.SOLVER.MOMENTUM = 0.9
+_C.SOLVER.META_MOMENTUM = 0.0
+_C.SOLVER.NESTEROV = False
+_C.SOLVER.WEIGHT_DECAY = 5e-4
+_C.SOLVER.WEIGHT_DECAY_NORM = 5e-4
+_C.SOLVER.WEIGHT_DECAY_BIAS = 5e-4
+_C.SOLVER.BIAS_LR_FACTOR = 1.0
+_C.SOLVER.HEADS_LR_FACTOR = 1.0
+_C.SOLVER.IMS_PER_BATCH = 64
+_C.SOLVER.MAX_EPOCH = 60
+_C.SOLVER.ITERS_PER_EPOCH = 0        # 0: len(combined train set) // IMS_PER_BATCH
+_C.SOLVER.SCHED = "CosineAnnealingLR"   # or "MultiStepLR"
+_C.SOLVER.ETA_MIN_LR = 4e-5
+_C.SOLVER.STEPS = [30, 50]
+_C.SOLVER.GAMMA = 0.1
+_C.SOLVER.WARMUP_METHOD = "linear"
+_C.SOLVER.WARMUP_FACTOR = 0.01
+_C.SOLVER.WARMUP_EPOCHS = 10
+_C.SOLVER.CLIP_GRADIENTS = CN({"ENABLED": False, "MAX_NORM": 5.0})
+_C.SOLVER.CHECKPOINT_PERIOD = 5      # epochs
+
+# ----------------------------------------------------------------------------- meta-learning (ACL)
+_C.META = CN()
+_C.META.ENABLED = True
+_C.META.PERIOD = 3                   # a meta step every PERIOD iterations
+_C.META.INITIAL_BASIC_STEPS = 10     # basic steps at iteration 0
+_C.META.IMS_PER_DOMAIN = 32          # meta-train batch per domain and meta-test batch
+
+# ----------------------------------------------------------------------------- test
+_C.TEST = CN()
+_C.TEST.EVAL_PERIOD = 5              # epochs
+_C.TEST.IMS_PER_BATCH = 128
+_C.TEST.METRIC = "cosine"            # or "euclidean"
+_C.TEST.FLIP = False
+_C.TEST.METRIC_CUHK03 = False        # CUHK03 single-shot protocol instead of Market-style
+_C.TEST.RERANK = CN({"ENABLED": False, "K1": 20, "K2": 6, "LAMBDA": 0.3})
+_C.TEST.AQE = CN({"ENABLED": False, "QE_TIME": 1, "QE_K": 5, "ALPHA": 3.0})
+_C.TEST.MAX_RANK = 50
+
+# ----------------------------------------------------------------------------- logging
+_C.LOG_PERIOD = 20                   # iterations between metrics.json records
+

@@ -1,0 +1,72 @@
+"""Run the same code under both backends and bring the numbers back for comparison.
+
+A *case* is a module-level function ``f(**kwargs) -> dict`` whose result holds numpy arrays, numbers, strings
+and nested dicts/lists of them. ``run_case("torch", "tests.test_x:case_y", seed=0)`` runs it with the torch
+backend, in this process when it is the active backend, otherwise in that backend's virtual environment
+(``.venv`` / ``.venv-torch``) through ``tests/_crossenv_child.py``, exchanging pickles (protocol 4; numpy<2 on
+both sides) through a temporary directory.
+"""
+import importlib
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PYTHONS = {"mindspore": ROOT / ".venv" / "bin" / "python", "torch": ROOT / ".venv-torch" / "bin" / "python"}
+
+
+def active_backend():
+    import compat
+    return compat.BACKEND
+
+
+def backend_available(backend):
+    return backend == active_backend() or PYTHONS[backend].exists()
+
+
+def require_backend(backend):
+    """Skip (or fail, when REID_REQUIRE_PARITY=1 as in `make test`) if that backend's environment is missing."""
+    if backend_available(backend):
+        return
+    msg = "%s environment %s is missing; run 'make setup'" % (backend, PYTHONS[backend])
+    if os.environ.get("REID_REQUIRE_PARITY") == "1":
+        pytest.fail(msg)
+    pytest.skip(msg)
+
+
+def call(target, kwargs):
+    module_name, func_name = target.split(":")
+    return getattr(importlib.import_module(module_name), func_name)(**kwargs)
+
+
+def run_cases(backend, calls, timeout=900):
+    """Run [(target, kwargs), ...] under `backend`; return their results in order."""
+    require_backend(backend)
+    if backend == active_backend():
+        return [call(t, kw) for t, kw in calls]
+    with tempfile.TemporaryDirectory(prefix="crossenv-") as tmp:
+        src, dst = Path(tmp) / "in.pkl", Path(tmp) / "out.pkl"
+        with open(src, "wb") as fh:
+            pickle.dump(list(calls), fh, protocol=4)
+        env = dict(os.environ, REID_BACKEND=backend, PYTHONPATH=str(ROOT))
+        proc = subprocess.run([str(PYTHONS[backend]), str(ROOT / "tests" / "_crossenv_child.py"), str(src), str(dst)],
+                              cwd=str(ROOT), env=env, capture_output=True, text=True, timeout=timeout)
+        if proc.returncode != 0:
+            raise RuntimeError("%s backend run of %s failed (rc %d):\n%s" % (
+                backend, [t for t, _ in calls], proc.returncode, proc.stderr[-4000:]))
+        with open(dst, "rb") as fh:
+            return pickle.load(fh)
+
+
+def run_case(backend, target, **kwargs):
+    return run_cases(backend, [(target, kwargs)])[0]
+
+
+def both(target, **kwargs):
+    """(mindspore result, torch result) of one case."""
+    return run_case("mindspore", target, **kwargs), run_case("torch", target, **kwargs)

@@ -1,0 +1,80 @@
+"""compat.batch_norm / compat.instance_norm against real torch F.batch_norm / F.instance_norm."""
+import numpy as np
+import pytest
+
+from tests.crossenv import run_cases
+
+
+def case_norms(seed, shape, mode, num_splits, momentum=0.1):
+    import compat
+    from compat import torch
+    rng = np.random.RandomState(seed)
+    c = shape[1]
+    x = rng.randn(*shape).astype(np.float32) * 2 + 0.5
+    w, b = rng.rand(c).astype(np.float32) + 0.5, rng.randn(c).astype(np.float32)
+    rm0, rv0 = rng.randn(c).astype(np.float32), rng.rand(c).astype(np.float32) + 0.5
+    rm, rv = compat.as_tensor(rm0), compat.as_tensor(rv0)
+    weight, bias = compat.nn.Parameter(compat.as_tensor(w)), compat.nn.Parameter(compat.as_tensor(b))
+    xt = compat.as_tensor(x)
+
+    def loss_fn(inp):
+        y = compat.batch_norm(inp, rm, rv, weight, bias, mode, momentum, 1e-5, num_splits)
+        return (y * y * compat.as_tensor(np.linspace(-1, 1, c).astype(np.float32)).reshape((1, -1) + (1,) * (len(shape) - 2))).sum(), y
+
+    loss, y, grads = compat.value_and_grad(loss_fn, [weight, bias])(xt)
+    out = dict(y=compat.to_numpy(y), rm=compat.to_numpy(rm), rv=compat.to_numpy(rv),
+               gw=compat.to_numpy(grads[0]), gb=compat.to_numpy(grads[1]))
+    out["in_y"] = compat.to_numpy(compat.instance_norm(xt, weight, bias)) if len(shape) == 4 else np.zeros(1)
+    return out
+
+
+def case_reference(seed, shape, mode, num_splits, momentum=0.1):
+    """Real torch: F.batch_norm per DataParallel chunk, running stats from chunk 0."""
+    import torch
+    import torch.nn.functional as F
+    rng = np.random.RandomState(seed)
+    c = shape[1]
+    x = torch.from_numpy(rng.randn(*shape).astype(np.float32) * 2 + 0.5)
+    w = torch.from_numpy(rng.rand(c).astype(np.float32) + 0.5).requires_grad_()
+    b = torch.from_numpy(rng.randn(c).astype(np.float32)).requires_grad_()
+    rm, rv = torch.from_numpy(rng.randn(c).astype(np.float32)), torch.from_numpy(rng.rand(c).astype(np.float32) + 0.5)
+    ys = []
+    for i, chunk in enumerate(x.chunk(num_splits)):
+        if mode == "eval":
+            ys.append(F.batch_norm(chunk, rm, rv, w, b, False, momentum, 1e-5))
+        elif mode == "general" and i == 0:
+            ys.append(F.batch_norm(chunk, rm, rv, w, b, True, momentum, 1e-5))
+        else:
+            ys.append(F.batch_norm(chunk, None, None, w, b, True, momentum, 1e-5))
+    y = torch.cat(ys)
+    scale = torch.from_numpy(np.linspace(-1, 1, c).astype(np.float32)).reshape((1, -1) + (1,) * (len(shape) - 2))
+    (y * y * scale).sum().backward()
+    in_y = F.instance_norm(x, None, None, w, b, True) if len(shape) == 4 else torch.zeros(1)
+    return dict(y=y.detach().numpy(), rm=rm.numpy(), rv=rv.numpy(), gw=w.grad.numpy(), gb=b.grad.numpy(),
+                in_y=in_y.detach().numpy())
+
+
+CASES = [((8, 5, 6, 4), "general", 1), ((8, 5, 6, 4), "hold", 1), ((8, 5, 6, 4), "eval", 1),
+         ((12, 7), "general", 1), ((12, 7), "hold", 1), ((8, 5, 3, 3), "general", 4), ((12, 6), "hold", 3)]
+
+
+@pytest.fixture(scope="module")
+def results():
+    """All cases in one child process per backend (interpreter start-up dominates otherwise)."""
+    def calls(target):
+        return [(target, dict(seed=3, shape=s, mode=m, num_splits=k)) for s, m, k in CASES]
+    ref = run_cases("torch", calls("tests.test_compat_norm:case_reference") + calls("tests.test_compat_norm:case_norms"))
+    ms = run_cases("mindspore", calls("tests.test_compat_norm:case_norms"))
+    n = len(CASES)
+    return dict(ref=ref[:n], torch=ref[n:], mindspore=ms)
+
+
+@pytest.mark.parity
+@pytest.mark.parametrize("index", range(len(CASES)), ids=["%s-%s-split%d" % (len(s), m, k) for s, m, k in CASES])
+@pytest.mark.parametrize("backend", ["mindspore", "torch"])
+def test_norms_match_torch(results, backend, index):
+    ref, got = results["ref"][index], results[backend][index]
+    for key in ("y", "rm", "rv", "in_y"):
+        np.testing.assert_allclose(got[key], ref[key], atol=1e-5, rtol=1e-5, err_msg=key)
+    for key in ("gw", "gb"):
+        np.testing.assert_allclose(got[key], ref[key], atol=1e-4, rtol=1e-4, err_msg=key)
