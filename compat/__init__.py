@@ -19,6 +19,7 @@ from compat.tensor import (as_tensor, to_numpy, manual_seed, no_grad, assign_, i
 from compat.device import set_device, current_device, to_device  # noqa: E402
 from compat.autograd import value_and_grad  # noqa: E402
 from compat.norm import batch_norm, instance_norm  # noqa: E402
+from compat.functional import normalize  # noqa: E402
 
 
 def info():
@@ -31,4 +32,4 @@ def info():
 __all__ = ["BACKEND", "IS_MINDSPORE", "torch", "nn", "F", "UserError", "info", "as_tensor", "to_numpy",
            "manual_seed", "no_grad", "assign_", "is_tensor", "zeros_like", "detach_tree", "numpy_tree",
            "tensor_tree", "set_device", "current_device", "to_device", "value_and_grad", "batch_norm",
-           "instance_norm"]
+           "instance_norm", "normalize"]
