@@ -1,0 +1,68 @@
+"""Label-smoothed cross-entropy, per source domain (acl-dgreid.md C.4 "CE").
+
+fast-reid's `cross_entropy_loss`: soft target 1-eps on the true class and eps/(C-1) on the others, per-sample
+loss sum(-target * log_softmax), and the batch sum divided by the number of samples whose loss is non-zero
+(at least 1): in practice a mean. ACL applies it per domain, on that domain's classifier and samples with
+local labels, times `scale`, and averages over the domains present in the batch.
+"""
+import numpy as np
+
+import compat
+from compat import F
+from compat.errors import UserError
+from reid.losses.utils import host_ints
+
+
+def _smoothed_targets(local_labels, num_classes, epsilon):
+    onehot = F.one_hot(local_labels, num_classes).float()
+    if num_classes == 1:  # the original's eps/(C-1) is overwritten by the true class when C == 1
+        return onehot * (1.0 - epsilon)
+    return onehot * (1.0 - epsilon) + (1.0 - onehot) * (epsilon / (num_classes - 1))
+
+
+def cross_entropy_loss(logits, targets, epsilon=0.1):
+    """fast-reid CE with label smoothing on one classifier: `logits` (N, C), `targets` (N,) in [0, C)."""
+    if not 0.0 <= float(epsilon) < 1.0:
+        raise UserError("MODEL.LOSSES.CE.EPSILON must be in [0, 1), got %r" % (epsilon,))
+    num_classes = int(logits.shape[1])
+    log_probs = F.log_softmax(logits, dim=1)
+    per_sample = (-_smoothed_targets(targets, num_classes, float(epsilon)) * log_probs).sum(1)
+    # the divisor is a count of the (detached) non-zero per-sample losses, as in the original's no_grad block
+    non_zero = (per_sample.detach() != 0).float().sum().clamp(min=1.0)
+    return per_sample.sum() / non_zero
+
+
+def cross_entropy_per_domain(logits_list, targets, domains, offsets, epsilon=0.1, scale=0.5, return_present=False):
+    """ACL's classification loss: mean over present domains d of scale * CE(logits_list[d][rows of d], y - offsets[d]).
+
+    logits_list: one (N, n_d) tensor per source domain (every sample through every classifier);
+    targets: (N,) global labels (relabelled domain by domain); domains: (N,) source index of each sample;
+    offsets: first global label of each domain. With return_present, returns (loss, present domain ids):
+    a classifier whose domain is absent got no gradient in the original (torch's None), see the trainer.
+    """
+    tgt = host_ints(targets, "targets")
+    dom = host_ints(domains, "domains")
+    if tgt.shape != dom.shape:
+        raise UserError("targets (%d) and domains (%d) must have one entry per sample" % (tgt.size, dom.size))
+    if len(offsets) != len(logits_list):
+        raise UserError("need one label offset per classifier: %d offsets for %d classifiers"
+                        % (len(offsets), len(logits_list)))
+    present = [int(d) for d in np.unique(dom)]
+    if not present:
+        raise UserError("cross_entropy_per_domain got an empty batch")
+    total = None
+    for d in present:
+        if not 0 <= d < len(logits_list):
+            raise UserError("domain id %d has no classifier (there are %d source domains)" % (d, len(logits_list)))
+        rows = np.nonzero(dom == d)[0]
+        local = tgt[rows] - int(offsets[d])
+        num_classes = int(logits_list[d].shape[1])
+        if local.min() < 0 or local.max() >= num_classes:
+            raise UserError("labels of domain %d fall outside its classifier's %d classes after subtracting offset "
+                            "%d; training labels must be relabelled domain by domain in DATASETS.NAMES order"
+                            % (d, num_classes, int(offsets[d])))
+        logits_d = logits_list[d].index_select(0, compat.as_tensor(rows.astype(np.int64)))
+        term = cross_entropy_loss(logits_d, compat.as_tensor(local.astype(np.int64)), epsilon) * scale
+        total = term if total is None else total + term
+    loss = total / len(present)
+    return (loss, present) if return_present else loss

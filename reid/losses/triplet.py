@@ -1,0 +1,144 @@
+"""Triplet losses: fast-reid batch-hard (basic step) and MetaBIN's `triplet_loss_Meta` (meta steps).
+
+acl-dgreid.md C.4. Mining is done with masks over the (N, N) distance matrix, never with loops over rows.
+"""
+import numpy as np
+
+import compat
+from compat import torch
+from compat.errors import UserError
+from reid.losses.utils import cosine_dist, euclidean_dist, host_ints, normalize
+
+_BIG = 1e9  # fast-reid's "not a candidate" offset for the min over negatives
+META_MODES = ("mtrain", "mtest", "add")
+
+
+def _softmax_weights(dist, mask):
+    max_v = torch.max(dist * mask, dim=1, keepdim=True)[0]
+    diff = dist - max_v
+    z = (torch.exp(diff) * mask).sum(1, keepdim=True) + 1e-6  # the original's guard against empty rows
+    return torch.exp(diff) * mask / z
+
+
+def weighted_example_mining(dist, is_pos, is_neg):
+    """Softmax-weighted positive / negative distances (fast-reid's `weighted_example_mining`)."""
+    dist_ap = dist * is_pos
+    dist_an = dist * is_neg
+    dist_ap = (dist_ap * _softmax_weights(dist_ap, is_pos)).sum(1)
+    dist_an = (dist_an * _softmax_weights(-dist_an, is_neg)).sum(1)
+    return dist_ap, dist_an
+
+
+def hard_example_mining(dist, is_pos, is_neg):
+    """fast-reid's vectorised batch-hard mining: max over positives; min over `dist*is_neg + is_pos*1e9`.
+
+    Distances are >= 1e-6, so the zeros that `dist * is_pos` leaves for non-positives never win the max.
+    On ties the whole gradient goes to the one index max/min returns, as in fast-reid.
+    """
+    dist_ap = torch.max(dist * is_pos, dim=1)[0]
+    dist_an = torch.min(dist * is_neg + is_pos * _BIG, dim=1)[0]
+    return dist_ap, dist_an
+
+
+def _tie_mean(dist, mask, extreme):
+    """Per row, the mean of `dist` over the masked entries equal to `extreme`: the value of the row-wise
+    max/min, with the gradient shared evenly among ties like torch.max(t)/torch.min(t) of a whole tensor."""
+    ties = (dist.detach() == extreme.detach().unsqueeze(1)).float() * mask
+    return (dist * (ties / ties.sum(1, keepdim=True))).sum(1)
+
+
+def meta_hard_example_mining(dist, is_pos, is_neg):
+    """The MetaBIN/ACL loop `max(dist[i][is_pos[i]])`, `min(dist[i][is_neg[i]])`, vectorised with masks.
+
+    Every row must have a positive and a negative (the caller checks); the non-candidate entries are moved out
+    of reach (0 for the max since distances are >= 1e-6, +1e9 for the min).
+    """
+    ap_max = torch.max(dist * is_pos, dim=1)[0]
+    an_min = torch.min(dist * is_neg + (1.0 - is_neg) * _BIG, dim=1)[0]
+    return _tie_mean(dist, is_pos, ap_max), _tie_mean(dist, is_neg, an_min)
+
+
+def _ranking_loss(dist_an, dist_ap, margin):
+    """margin_ranking_loss(d_an, d_ap, y=1, margin) for margin > 0, else the soft-margin (logistic) form
+    mean(log1p(exp(-(d_an - d_ap)))) with the original's fall-back to margin 0.3 when that overflows to inf."""
+    if margin > 0:
+        return (dist_ap - dist_an + margin).clamp(min=0).mean()
+    loss = torch.log1p(torch.exp(dist_ap - dist_an)).mean()  # F.soft_margin_loss's formula (no log-sum-exp trick)
+    if np.isinf(float(compat.to_numpy(loss))):
+        return (dist_ap - dist_an + 0.3).clamp(min=0).mean()
+    return loss
+
+
+def _same(labels):
+    col = labels.reshape(-1, 1)
+    return col.eq(col.t()).float()
+
+
+def triplet_loss(embedding, targets, margin=0.3, norm_feat=False, hard_mining=True):
+    """fast-reid/ACL basic-step triplet loss on `embedding` (N, D) with identity `targets` (N,).
+
+    Distance: cosine (2 - 2cos) when norm_feat, else Euclidean sqrt(clamp(d^2, 1e-12)). Positives are the same
+    id including the anchor itself; margin 0 switches to the soft-margin variant.
+    """
+    if embedding.dim() != 2:
+        raise UserError("triplet_loss expects (N, D) embeddings, got %d dims" % embedding.dim())
+    dist = cosine_dist(embedding, embedding) if norm_feat else euclidean_dist(embedding, embedding)
+    is_pos = _same(targets)
+    is_neg = 1.0 - is_pos
+    mine = hard_example_mining if hard_mining else weighted_example_mining
+    dist_ap, dist_an = mine(dist, is_pos, is_neg)
+    return _ranking_loss(dist_an, dist_ap, float(margin))
+
+
+def meta_triplet_masks(targets, domains, mode):
+    """Numpy (N, N) float32 positive/negative masks of `triplet_loss_Meta`.
+
+    mtrain / mtest (pos_flag [1,0,0], neg_flag [0,1,1]): positives = same id (incl. self), negatives = other ids.
+    add (pos_flag [0,0,1], neg_flag [0,1,0]): positives = self or another domain, negatives = same domain and
+    another id.
+    """
+    if mode not in META_MODES:
+        raise UserError("meta triplet mode must be one of %s, got %r" % (", ".join(META_MODES), mode))
+    tgt = host_ints(targets, "targets")
+    same_id = tgt[:, None] == tgt[None, :]
+    if mode in ("mtrain", "mtest"):
+        is_pos, is_neg = same_id, ~same_id
+    else:
+        if domains is None:
+            raise UserError("meta triplet mode 'add' needs the domain label of every sample")
+        dom = host_ints(domains, "domains")
+        if dom.shape != tgt.shape:
+            raise UserError("targets (%d) and domains (%d) must have one entry per sample" % (tgt.size, dom.size))
+        same_dom = dom[:, None] == dom[None, :]
+        is_pos = np.eye(tgt.size, dtype=bool) | ~same_dom
+        is_neg = ~same_id & same_dom
+    return is_pos.astype(np.float32), is_neg.astype(np.float32)
+
+
+def triplet_loss_meta(embedding, targets, domains=None, mode="mtrain", margin=None, norm_feat=False,
+                      hard_mining=True):
+    """MetaBIN/ACL `triplet_loss_Meta` (Euclidean distance, 'logistic' loss type).
+
+    mode 'mtrain' / 'mtest': batch-hard triplet, default margin 0.3. mode 'add': default margin 0, i.e. the
+    soft-margin softplus(-(d_an - d_ap)), positives = self or other domains, negatives = same domain, other id.
+    The original crashes (max/min of an empty selection) when an anchor has no negative; this raises a
+    UserError instead. With hard mining, ties share the gradient evenly (the original reduced each row with
+    a whole-tensor max/min).
+    """
+    if embedding.dim() != 2:
+        raise UserError("triplet_loss_meta expects (N, D) embeddings, got %d dims" % embedding.dim())
+    if margin is None:
+        margin = 0.0 if mode == "add" else 0.3
+    pos_np, neg_np = meta_triplet_masks(targets, domains, mode)
+    empty = np.nonzero(neg_np.sum(1) == 0)[0]
+    if empty.size:
+        raise UserError("meta triplet loss ('%s'): anchor %d has no negative (every sample of its %s shares its "
+                        "identity); use more identities per (chunk of the) batch or a smaller MODEL.NUM_SPLITS"
+                        % (mode, int(empty[0]), "domain" if mode == "add" else "batch"))
+    if norm_feat:
+        embedding = normalize(embedding, axis=-1)
+    dist = euclidean_dist(embedding, embedding)
+    is_pos, is_neg = compat.as_tensor(pos_np), compat.as_tensor(neg_np)
+    mine = meta_hard_example_mining if hard_mining else weighted_example_mining
+    dist_ap, dist_an = mine(dist, is_pos, is_neg)
+    return _ranking_loss(dist_an, dist_ap, float(margin))
