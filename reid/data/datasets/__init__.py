@@ -1,0 +1,77 @@
+"""Dataset loaders (file lists only; images are read by the data pipeline) and their registry.
+
+``build_dataset(name, root=None, cfg=None, **kwargs)`` returns an object with ``.train``, ``.query`` and
+``.gallery`` lists of ``(img_path, pid, camid, domain)`` records; see ``bases.py`` for the id conventions and
+``reid.data.common`` for relabelling several sources into one training set.
+
+Registered names: Market1501, MSMT17, CUHK03 (CUHK03-NP labeled/detected), CUHKSYSU, SynthA..SynthD.
+"""
+from reid.data.common import (MultiDomainTrainSet, combine_train_sets, read_image, verify_images)  # noqa: F401
+from reid.data.datasets.registry import DATASET_REGISTRY, resolve_root
+from reid.data.datasets.bases import ReidDataset, parse_market_dir  # noqa: F401
+from reid.data.datasets.market1501 import Market1501  # noqa: F401
+from reid.data.datasets.msmt17 import MSMT17  # noqa: F401
+from reid.data.datasets.cuhk03 import CUHK03  # noqa: F401
+from reid.data.datasets.cuhksysu import CUHKSYSU  # noqa: F401
+from reid.data.datasets.synthetic import SYNTHETIC_DOMAINS, SynthA, SynthB, SynthC, SynthD  # noqa: F401
+
+
+def dataset_options(name, cfg):
+    """Loader options a config implies for dataset `name`."""
+    opts = {}
+    if cfg is None:
+        return opts
+    d = cfg.DATASETS
+    if name == "CUHK03":
+        opts["labeled"] = bool(d.CUHK03_LABELED)
+    if name in SYNTHETIC_DOMAINS:
+        opts["seed"] = int(d.SYNTHETIC.SEED)
+        opts["num_ids"] = int(d.SYNTHETIC.NUM_IDS)
+    return opts
+
+
+def build_dataset(name, root=None, cfg=None, **kwargs):
+    """Instantiate registered dataset `name` under the resolved root (explicit > REID_DATA > cfg > 'datasets').
+    Options come from `cfg` (CUHK03_LABELED, SYNTHETIC.*) and are overridden by `kwargs` (``combineall``,
+    ``domain``, ``labeled``, ...)."""
+    cls = DATASET_REGISTRY.get(name)
+    opts = dataset_options(name, cfg)
+    opts.update(kwargs)
+    return cls(resolve_root(root, cfg), **opts)
+
+
+def build_train_set(cfg, root=None, names=None, verify=True):
+    """The relabelled multi-domain training set of `names` (default ``cfg.DATASETS.NAMES``), with
+    ``COMBINEALL`` applied and bad images handled per ``DATASETS.ON_BAD_IMAGE`` before any loader starts."""
+    names = list(names if names is not None else cfg.DATASETS.NAMES)
+    sources, num_bad = [], 0
+    for d, n in enumerate(names):
+        train = build_dataset(n, root, cfg, combineall=bool(cfg.DATASETS.COMBINEALL), domain=d).train
+        if verify:  # before relabelling, so an identity whose images are all bad gets no class
+            train, bad = verify_images(train, cfg.DATASETS.ON_BAD_IMAGE)
+            num_bad += bad
+        sources.append(train)
+    train_set = MultiDomainTrainSet(sources, names)
+    train_set.num_bad = num_bad
+    return train_set
+
+
+def build_test_set(name, cfg=None, root=None, verify=True):
+    """(query, gallery) records of test dataset `name`, bad images handled per ``DATASETS.ON_BAD_IMAGE``."""
+    ds = build_dataset(name, root, cfg)
+    query, gallery = ds.query, ds.gallery
+    if not query or not gallery:
+        from compat.errors import UserError
+        raise UserError("%s has no query/gallery images, so it cannot be a test set; remove it from "
+                        "DATASETS.TESTS" % name)
+    if verify:
+        on_bad = cfg.DATASETS.ON_BAD_IMAGE if cfg is not None else "stop"
+        query, _ = verify_images(query, on_bad)
+        gallery, _ = verify_images(gallery, on_bad)
+    return query, gallery
+
+
+__all__ = ["DATASET_REGISTRY", "build_dataset", "build_train_set", "build_test_set", "resolve_root",
+           "dataset_options", "ReidDataset", "MultiDomainTrainSet", "combine_train_sets", "read_image",
+           "verify_images", "Market1501", "MSMT17", "CUHK03", "CUHKSYSU", "SynthA", "SynthB", "SynthC", "SynthD",
+           "SYNTHETIC_DOMAINS"]
