@@ -1,0 +1,247 @@
+"""CMC, mAP and mINP of a query x gallery distance matrix (numpy only), vectorised and chunked.
+
+Protocol (Market-1501, as fast-reid / torchreid): for each query, gallery items with the same pid *and*
+the same camera are removed; the remaining ones are ranked by distance; the query's pid in that list are its
+correct matches; a query without any correct match is skipped (it does not count in the averages).
+
+* AP   = mean over the correct matches of the precision at each of them (fast-reid's definition).
+* mINP = mean of (number of correct matches) / (position of the last one, 1-based) (fast-reid's definition).
+* CMC[k] = fraction of valid queries whose first correct match is at position <= k+1.
+
+Ties: items are ordered by distance, then by gallery index (what a stable argsort gives). fast-reid uses
+numpy's default (unstable) argsort, so its order among exactly equal distances is unspecified.
+
+How it avoids the per-query loop: the metrics only need the position of each correct match in the kept list.
+For a chunk of queries the rows are sorted (``np.sort``, values only, no index array) and a batched binary
+search counts the items ahead of each correct match; the same-pid-same-camera items ahead of it are counted
+among the query's positives, which are few. Memory is O(chunk x gallery), so an MSMT17-scale matrix
+(11,659 x 82,161) is processed in bounded memory, and no (query x gallery) index matrix is ever built.
+
+CUHK03 single-shot variant (``use_metric_cuhk03=True``, the "cuhk03" metric of fast-reid / torchreid): the CMC is
+averaged over ``num_repeats`` draws in which one image per gallery identity is kept (chosen uniformly, the query's
+own identity among its valid images); AP and mINP stay those of the full kept list. Draws come from
+``numpy.random.default_rng([seed, query_index])``, so the result depends neither on the chunk size nor on
+global random state.
+"""
+import numpy as np
+
+from compat.errors import UserError
+
+# Elements of a (chunk x gallery) block held at once; the sorted copy of a float32 block of this size is 16 MB.
+DEFAULT_BLOCK_ELEMENTS = 1 << 22
+
+
+class GalleryIndex(object):
+    """Gallery ids grouped by pid (gallery index order inside a group), reused by every chunk of queries."""
+
+    def __init__(self, g_pids, g_camids):
+        self.g_pids = np.asarray(g_pids).reshape(-1)
+        self.g_camids = np.asarray(g_camids).reshape(-1)
+        self.size = self.g_pids.size
+        self.order = np.argsort(self.g_pids, kind="stable")
+        sorted_pids = self.g_pids[self.order]
+        self.pids, self.starts, self.counts = np.unique(sorted_pids, return_index=True, return_counts=True)
+
+    def group_of(self, q_pids):
+        """(group index, count of gallery items with that pid) for each query pid (count 0 if absent)."""
+        gi = np.searchsorted(self.pids, q_pids)
+        gi_c = np.minimum(gi, max(len(self.pids) - 1, 0))
+        present = (gi < len(self.pids)) & (self.pids[gi_c] == q_pids) if len(self.pids) else np.zeros(len(q_pids), bool)
+        return gi_c, np.where(present, self.counts[gi_c] if len(self.pids) else 0, 0)
+
+
+def _count_ahead(sorted_rows, values, side):
+    """Batched binary search: per row r and value v, the number of entries of sorted_rows[r] that are < v
+    (side 'left') or <= v (side 'right')."""
+    c, n = sorted_rows.shape
+    lo = np.zeros(values.shape, np.int64)
+    hi = np.full(values.shape, n, np.int64)
+    rows = np.arange(c)[:, None]
+    while True:
+        active = lo < hi
+        if not active.any():
+            return lo
+        mid = (lo + hi) // 2
+        probe = sorted_rows[rows, np.minimum(mid, n - 1)]
+        right = (probe < values) if side == "left" else (probe <= values)
+        lo = np.where(active & right, mid + 1, lo)
+        hi = np.where(active & ~right, mid, hi)
+
+
+def rank_chunk(dist, q_pids, q_camids, gallery, first_query_index=0, cuhk03=None):
+    """Per-query results of one chunk of rows.
+
+    Returns dict of arrays over the chunk's queries: ``valid`` (has a correct match), ``ap``, ``inp``,
+    ``first`` (0-based position of the first correct match in the kept list), ``num_kept``, and with
+    ``cuhk03=(num_repeats, seed, max_rank)`` also ``cmc`` (chunk, max_rank) of the single-shot draws.
+    """
+    dist = np.asarray(dist)
+    if dist.dtype.kind != "f" or dist.dtype.itemsize < 4:
+        dist = dist.astype(np.float32)
+    c, n = dist.shape
+    q_pids = np.asarray(q_pids).reshape(-1)
+    q_camids = np.asarray(q_camids).reshape(-1)
+    if np.isnan(dist).any():
+        raise UserError("the distance matrix contains NaN (rows %s...); check the features for NaN/inf"
+                        % np.flatnonzero(np.isnan(dist).any(1))[:5].tolist())
+
+    group, count = gallery.group_of(q_pids)
+    kmax = int(count.max()) if c else 0
+    out = dict(valid=np.zeros(c, bool), ap=np.zeros(c), inp=np.zeros(c), first=np.full(c, -1, np.int64),
+               num_kept=np.full(c, n, np.int64))
+    if cuhk03 is not None:
+        out["cmc"] = np.zeros((c, cuhk03[2]))
+    if kmax == 0:
+        return out
+
+    # The query's positives (same pid), padded to kmax slots: gallery index, distance, good/junk flags.
+    slot = np.arange(kmax)
+    in_group = slot[None, :] < count[:, None]
+    pos_sorted = np.minimum(gallery.starts[group][:, None] + slot[None, :], n - 1)
+    gidx = np.where(in_group, gallery.order[pos_sorted], n + slot[None, :])  # padding sorts after everything
+    rows = np.arange(c)[:, None]
+    dpos = np.where(in_group, dist[rows, np.minimum(gidx, n - 1)], np.inf)
+    junk = in_group & (gallery.g_camids[np.minimum(gidx, n - 1)] == q_camids[:, None])
+    good = in_group & ~junk
+    num_good = good.sum(1)
+    out["num_kept"] = n - junk.sum(1)
+
+    # Order the positives by (distance, gallery index); junk/good items ahead of each one follow by cumsum.
+    perm = np.lexsort((gidx, dpos), axis=1)
+    gidx, dpos = np.take_along_axis(gidx, perm, 1), np.take_along_axis(dpos, perm, 1)
+    good, junk = np.take_along_axis(good, perm, 1), np.take_along_axis(junk, perm, 1)
+    good_before = np.cumsum(good, 1) - good
+    junk_before = np.cumsum(junk, 1) - junk
+
+    # Items of the whole row ahead of each good positive: strictly smaller distances by binary search in the
+    # sorted row, plus equal distances at a smaller gallery index (exact, row by row, only where ties exist).
+    sorted_rows = np.sort(dist, axis=1)
+    less = _count_ahead(sorted_rows, dpos, "left")
+    equal = _count_ahead(sorted_rows, dpos, "right") - less
+    ahead = less
+    tied_rows = np.flatnonzero((good & (equal > 1)).any(1))
+    for r in tied_rows:
+        inverse = np.empty(n, np.int64)
+        inverse[np.argsort(dist[r], kind="stable")] = np.arange(n)
+        sel = good[r]
+        ahead[r, sel] = inverse[gidx[r, sel]]
+    kept_pos = ahead - junk_before  # 0-based position among kept items
+
+    valid = num_good > 0
+    safe_good = np.maximum(num_good, 1)
+    precision = np.where(good, (good_before + 1) / np.where(good, kept_pos + 1.0, 1.0), 0.0)
+    out["valid"] = valid
+    out["ap"] = np.where(valid, precision.sum(1) / safe_good, 0.0)
+    big = np.iinfo(np.int64).max
+    out["first"] = np.where(valid, np.where(good, kept_pos, big).min(1), -1)
+    last = np.where(good, kept_pos, -1).max(1)
+    out["inp"] = np.where(valid, num_good / np.maximum(last + 1.0, 1.0), 0.0)
+
+    if cuhk03 is not None:
+        out["cmc"] = _cuhk03_cmc(dist, q_pids, group, count, gidx, good, valid, gallery, first_query_index, *cuhk03)
+    return out
+
+
+def _cuhk03_cmc(dist, q_pids, group, count, gidx_sorted, good_sorted, valid, gallery, first_query_index,
+                num_repeats, seed, max_rank):
+    """Single-shot CMC (see the module docstring), vectorised over the chunk, repeats and gallery identities."""
+    c, n = dist.shape
+    num_ids = len(gallery.pids)
+    u = np.stack([np.random.default_rng([int(seed), first_query_index + i]).random((num_repeats, num_ids))
+                  for i in range(c)]) if c else np.zeros((0, num_repeats, num_ids))
+    # One sampled item per identity: the floor(u * count)-th item of its group.
+    pick = gallery.starts[None, None, :] + np.minimum((u * gallery.counts[None, None, :]).astype(np.int64),
+                                                       gallery.counts[None, None, :] - 1)
+    sampled = gallery.order[pick]                                      # (c, R, P) gallery indices
+    d_sampled = dist[np.arange(c)[:, None, None], sampled]
+    # For the query's own identity draw among its valid (different-camera) images, in gallery index order.
+    num_good = good_sorted.sum(1)
+    own_u = np.take_along_axis(u, np.broadcast_to(group[:, None, None], (c, num_repeats, 1)), 2)[:, :, 0]
+    # good_sorted is in (distance, index) order; re-sort the good items by gallery index for the draw.
+    gidx_good = np.where(good_sorted, gidx_sorted, np.iinfo(np.int64).max)
+    gidx_good = np.sort(gidx_good, 1)
+    m = np.minimum((own_u * num_good[:, None]).astype(np.int64), np.maximum(num_good - 1, 0)[:, None])
+    own_item = np.take_along_axis(gidx_good, m, 1) if gidx_good.shape[1] else np.zeros((c, num_repeats), np.int64)
+    own_item = np.where(valid[:, None], own_item, 0)
+    d_own = dist[np.arange(c)[:, None], own_item]
+    ahead = (d_sampled < d_own[:, :, None]) | ((d_sampled == d_own[:, :, None]) & (sampled < own_item[:, :, None]))
+    ahead[np.arange(c), :, group] = False                               # the own identity is not a competitor
+    position = ahead.sum(2)                                              # (c, R) 0-based rank of the match
+    ranks = np.arange(max_rank)
+    cmc = (position[:, :, None] <= ranks[None, None, :]).mean(1)
+    return np.where(valid[:, None], cmc, 0.0)
+
+
+def _check_inputs(distmat, q_pids, g_pids, q_camids, g_camids):
+    if getattr(distmat, "ndim", 0) != 2:
+        raise UserError("distmat must be a 2-D (num_query, num_gallery) array, got shape %s"
+                        % (getattr(distmat, "shape", None),))
+    nq, ng = distmat.shape
+    for name, arr, n in (("q_pids", q_pids, nq), ("q_camids", q_camids, nq), ("g_pids", g_pids, ng),
+                         ("g_camids", g_camids, ng)):
+        if np.asarray(arr).reshape(-1).size != n:
+            raise UserError("%s has %d entries but the distance matrix has %d %s" % (
+                name, np.asarray(arr).size, n, "rows" if name[0] == "q" else "columns"))
+    if nq == 0 or ng == 0:
+        raise UserError("empty query (%d) or gallery (%d); check the test dataset folders" % (nq, ng))
+
+
+def default_chunk_size(elements_per_row):
+    return int(max(1, DEFAULT_BLOCK_ELEMENTS // max(1, elements_per_row)))
+
+
+class RankAccumulator(object):
+    """Collects per-query results chunk by chunk and reduces them to (cmc, mAP, mINP)."""
+
+    def __init__(self, g_pids, g_camids, max_rank=50, use_metric_cuhk03=False, num_repeats=10, seed=0):
+        self.gallery = GalleryIndex(g_pids, g_camids)
+        self.max_rank = int(min(max_rank, self.gallery.size))
+        self.cuhk03 = (int(num_repeats), int(seed), self.max_rank) if use_metric_cuhk03 else None
+        self.parts = []
+        self.num_queries = 0
+
+    def chunk_size(self):
+        # The single-shot draws hold a few (repeats x identities) arrays per query on top of the row.
+        extra = 4 * self.cuhk03[0] * len(self.gallery.pids) if self.cuhk03 is not None else 0
+        return default_chunk_size(self.gallery.size + extra)
+
+    def add(self, dist_chunk, q_pids, q_camids):
+        part = rank_chunk(dist_chunk, q_pids, q_camids, self.gallery, self.num_queries, self.cuhk03)
+        self.num_queries += len(part["valid"])
+        self.parts.append(part)
+
+    def per_query(self):
+        return {k: np.concatenate([p[k] for p in self.parts]) for k in self.parts[0]}
+
+    def result(self):
+        pq = self.per_query()
+        valid = pq["valid"]
+        if not valid.any():
+            raise UserError("no query has a correct match in the gallery (all %d skipped); check that query and "
+                            "gallery come from the same test set and carry the same pids" % len(valid))
+        if self.cuhk03 is not None:
+            cmc = pq["cmc"][valid].mean(0)
+        else:
+            first = pq["first"][valid]
+            cmc = (first[:, None] <= np.arange(self.max_rank)[None, :]).mean(0)
+        return cmc.astype(np.float64), float(pq["ap"][valid].mean()), float(pq["inp"][valid].mean())
+
+
+def evaluate_rank(distmat, q_pids, g_pids, q_camids, g_camids, max_rank=50, use_metric_cuhk03=False,
+                  chunk_size=None, num_repeats=10, seed=0, return_per_query=False):
+    """(cmc (max_rank,), mAP, mINP) as fractions in 0..1; see the module docstring for the protocol.
+
+    ``max_rank`` is capped at the gallery size (as fast-reid). ``chunk_size`` = queries per block (default:
+    about 4M distance entries per block). ``return_per_query=True`` adds a dict of per-query arrays
+    (``valid``, ``ap``, ``inp``, ``first``, ``num_kept``).
+    """
+    _check_inputs(distmat, q_pids, g_pids, q_camids, g_camids)
+    acc = RankAccumulator(g_pids, g_camids, max_rank, use_metric_cuhk03, num_repeats, seed)
+    q_pids, q_camids = np.asarray(q_pids).reshape(-1), np.asarray(q_camids).reshape(-1)
+    step = int(chunk_size) if chunk_size else acc.chunk_size()
+    for start in range(0, distmat.shape[0], step):
+        acc.add(distmat[start:start + step], q_pids[start:start + step], q_camids[start:start + step])
+    cmc, mAP, mINP = acc.result()
+    if return_per_query:
+        return cmc, mAP, mINP, acc.per_query()
+    return cmc, mAP, mINP
