@@ -197,6 +197,24 @@ def test_synthetic_domains_share_the_market_parser(tmp_path):
         build_dataset("SynthB", root=str(tmp_path), generate=False)
 
 
+def test_synthetic_domain_asks_the_generator(tmp_path, monkeypatch):
+    import reid.data.synthetic as generator
+    calls = []
+
+    def fake_ensure(root, seed=0, num_ids=300, domains=None, **kwargs):
+        calls.append((root, seed, num_ids, list(domains)))
+        for d in domains:
+            make_market_like(os.path.join(root, d))
+        return root
+
+    monkeypatch.setattr(generator, "ensure_synthetic", fake_ensure)
+    cfg = get_cfg()
+    cfg.DATASETS.SYNTHETIC.SEED, cfg.DATASETS.SYNTHETIC.NUM_IDS = 5, 40
+    ds = build_dataset("SynthD", root=str(tmp_path), cfg=cfg)
+    assert calls == [(str(tmp_path / "synthetic"), 5, 40, ["SynthD"])]
+    assert len(ds.train) == 5 and ds.train[0][1].startswith("SynthD_")
+
+
 @pytest.mark.parametrize("name, expected", [("Market1501", "Market-1501-v15.09.15"), ("MSMT17", "MSMT17_V1"),
                                             ("CUHK03", "cuhk03-np"), ("CUHKSYSU", "cropped_images")])
 def test_missing_folders_name_the_layout(tmp_path, name, expected):

@@ -173,7 +173,7 @@ def _cuhk03_cmc(dist, q_pids, group, count, gidx_sorted, good_sorted, valid, gal
 
 
 def _check_inputs(distmat, q_pids, g_pids, q_camids, g_camids):
-    if getattr(distmat, "ndim", 0) != 2:
+    if distmat.ndim != 2:
         raise UserError("distmat must be a 2-D (num_query, num_gallery) array, got shape %s"
                         % (getattr(distmat, "shape", None),))
     nq, ng = distmat.shape
@@ -235,6 +235,8 @@ def evaluate_rank(distmat, q_pids, g_pids, q_camids, g_camids, max_rank=50, use_
     about 4M distance entries per block). ``return_per_query=True`` adds a dict of per-query arrays
     (``valid``, ``ap``, ``inp``, ``first``, ``num_kept``).
     """
+    if not hasattr(distmat, "ndim"):
+        distmat = np.asarray(distmat)  # arrays and memmaps are used as they are, row block by row block
     _check_inputs(distmat, q_pids, g_pids, q_camids, g_camids)
     acc = RankAccumulator(g_pids, g_camids, max_rank, use_metric_cuhk03, num_repeats, seed)
     q_pids, q_camids = np.asarray(q_pids).reshape(-1), np.asarray(q_camids).reshape(-1)

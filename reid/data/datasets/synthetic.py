@@ -1,12 +1,13 @@
 """The built-in synthetic domains SynthA..SynthD: ``<root>/synthetic/SynthX/{bounding_box_train,query,
 bounding_box_test}`` with Market-style names ``PPPP_cCsS_FFFFFF_00.jpg`` (pid -1 junk, pid 0 distractor),
-written by ``reid.data.synthetic.ensure_synthetic``. A missing domain folder is generated on first use when
-``generate=True`` (seed and identity count from ``DATASETS.SYNTHETIC``).
+written by ``reid.data.synthetic.ensure_synthetic(<root>/synthetic, ...)``. With ``generate=True`` (default)
+the generator is asked first; it returns at once when the domain exists for this seed and identity count
+(``DATASETS.SYNTHETIC.SEED`` / ``NUM_IDS``) and (re)builds it otherwise.
 """
 import os
 
 from compat.errors import UserError
-from reid.data.datasets.market1501 import MarketLayoutDataset, SUBDIRS
+from reid.data.datasets.market1501 import MarketLayoutDataset
 from reid.data.datasets.registry import DATASET_REGISTRY
 
 SYNTHETIC_DOMAINS = ("SynthA", "SynthB", "SynthC", "SynthD")
@@ -23,14 +24,13 @@ class SyntheticDomain(MarketLayoutDataset):
         return [os.path.join(self.root, "synthetic", self.name)]
 
     def load(self):
-        data_dir = self.candidate_dirs()[0]
-        if self.generate and not all(os.path.isdir(os.path.join(data_dir, s)) for s in SUBDIRS):
+        if self.generate:
             try:
                 from reid.data.synthetic import ensure_synthetic
             except ImportError as exc:
-                raise UserError("%s is missing under %s and the generator cannot be imported (%s)"
+                raise UserError("cannot import the synthetic data generator to build %s under %s (%s)"
                                 % (self.name, self.root, exc)) from None
-            ensure_synthetic(self.root, self.seed, self.num_ids)
+            ensure_synthetic(os.path.join(self.root, "synthetic"), self.seed, self.num_ids, domains=[self.name])
         super(SyntheticDomain, self).load()
 
 
