@@ -158,10 +158,11 @@ def test_domains_statistically_different(tiny):
 
 
 # ------------------------------------------------------------------------------------------- ensure / CLI
-def test_ensure_is_idempotent_and_regenerates_when_stale(tmp_path):
+def test_ensure_is_idempotent_and_regenerates_when_stale(tmp_path, capsys):
     root = tmp_path / "data"
-    syn.ensure_synthetic(root, seed=3, num_ids=4, domains=["SynthA", "C"], workers=1, progress=False)
+    syn.ensure_synthetic(root, seed=3, num_ids=4, domains=["SynthA", "C"], workers=1, progress=True)
     assert sorted(os.listdir(root)) == ["SynthA", "SynthC"]
+    assert "synthetic SynthA,SynthC" in capsys.readouterr().err      # the tqdm bar
     meta = root / "SynthA" / "meta.json"
     one = sorted((root / "SynthA" / "query").iterdir())[0]
     before = (meta.stat().st_mtime_ns, one.stat().st_mtime_ns, (root / "SynthA").stat().st_ino)
@@ -178,6 +179,25 @@ def test_ensure_is_idempotent_and_regenerates_when_stale(tmp_path):
     syn.ensure_synthetic(root, seed=4, num_ids=4, domains="A,C", workers=1, progress=False)
     assert victim.exists() and (root / "SynthC").stat().st_ino == c_ino
     assert sorted(os.listdir(root)) == ["SynthA", "SynthC"]
+
+
+def test_failed_build_leaves_the_previous_domain_intact(tmp_path, monkeypatch):
+    root = tmp_path / "data"
+    syn.ensure_synthetic(root, seed=3, num_ids=4, domains="A", workers=1, progress=False)
+    before = tree_bytes(str(root))
+    calls = []
+
+    def failing(*args):
+        calls.append(args)
+        if len(calls) > 5:
+            raise RuntimeError("disk full")
+        return b"x"
+
+    monkeypatch.setattr(syn, "render_image", failing)
+    with pytest.raises(RuntimeError, match="disk full"):
+        syn.ensure_synthetic(root, seed=4, num_ids=4, domains="A", workers=1, progress=False)
+    assert os.listdir(root) == ["SynthA"]                    # the temporary build is gone
+    assert tree_bytes(str(root)) == before and syn.is_current(str(root / "SynthA"), 3, 4)
 
 
 def test_bad_input_is_a_user_error(tmp_path):
