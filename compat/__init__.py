@@ -19,6 +19,9 @@ from compat.tensor import (as_tensor, to_numpy, manual_seed, no_grad, assign_, i
 from compat.device import set_device, current_device, to_device  # noqa: E402
 from compat.autograd import value_and_grad  # noqa: E402
 from compat.norm import batch_norm, instance_norm  # noqa: E402
+from compat.clip import clip_grad_norm  # noqa: E402
+from compat.custom_op import custom_op  # noqa: E402
+from compat import optim, schedules, checkpoint, data  # noqa: E402,F401
 from compat.functional import normalize  # noqa: E402
 
 
@@ -32,4 +35,4 @@ def info():
 __all__ = ["BACKEND", "IS_MINDSPORE", "torch", "nn", "F", "UserError", "info", "as_tensor", "to_numpy",
            "manual_seed", "no_grad", "assign_", "is_tensor", "zeros_like", "detach_tree", "numpy_tree",
            "tensor_tree", "set_device", "current_device", "to_device", "value_and_grad", "batch_norm",
-           "instance_norm", "normalize"]
+           "instance_norm", "normalize", "clip_grad_norm", "custom_op", "optim", "schedules", "checkpoint", "data"]
