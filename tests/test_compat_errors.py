@@ -1,0 +1,44 @@
+"""Bad input reaches the user as one line `error: ...` with exit status 2 (compat.errors.UserError)."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(args, backend=None, **env):
+    full_env = dict(os.environ, PYTHONPATH=str(ROOT), **env)
+    if backend is not None:
+        full_env["REID_BACKEND"] = backend
+    return subprocess.run([sys.executable] + args, cwd=str(ROOT), env=full_env, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_unknown_backend_exits_2_with_one_line():
+    proc = _run(["-m", "compat"], backend="foo")
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: unknown backend 'foo'")
+    assert "mindspore, torch" in proc.stderr
+
+
+def test_unavailable_device_is_a_user_error():
+    import compat
+    # these environments are CPU-only builds (MindSpore CPU wheel, torch +cpu)
+    with pytest.raises(compat.UserError, match="device 'gpu'"):
+        compat.set_device("gpu")
+    with pytest.raises(compat.UserError, match="unknown device 'tpu'"):
+        compat.set_device("tpu")
+    assert compat.set_device("cpu") == "cpu" and compat.current_device() == "cpu"
+
+
+def test_corrupt_checkpoint_prints_one_line(tmp_path):
+    import compat
+    bad = tmp_path / "model_final.pth"
+    bad.write_bytes(b"PK\x03\x04 this is not really a zip file")
+    proc = _run(["-c", "import sys, compat; compat.checkpoint.load(sys.argv[1])", str(bad)], backend=compat.BACKEND)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: ") and str(bad) in proc.stderr
