@@ -10,11 +10,13 @@ tensors when `to_tensor` (numpy otherwise). Batches come out in sampler order fo
 torch: `torch.utils.data.DataLoader(batch_sampler=..., num_workers=..., collate_fn=...)`.
 MindSpore: `GeneratorDataset` streaming the index lists, then `map` loading and collating a whole batch per
 row in `num_workers` processes (order-preserving); the batch crosses the process boundary as one pickled byte
-row, which keeps str values and arbitrary keys without a fixed column schema.
+row (pickle protocol 5, array data out of band: one copy in the worker, none in the main process), which
+keeps str values and arbitrary keys without a fixed column schema.
 On both, an exception raised by `dataset[i]` in a worker is caught there, shipped back, and raised again in the
 main process with its original type and message (the worker traceback is attached as the cause).
 Workers stop when the pass ends or the iterator is dropped.
 """
+import itertools
 import pickle
 import traceback
 
@@ -117,7 +119,10 @@ class Loader:
 
 
 def _as_tensor(value):
-    if _c.IS_MINDSPORE or not _c.is_tensor(value):
+    if _c.IS_MINDSPORE:
+        # MindSpore cannot make a tensor from an array that views a foreign buffer (unpack's output)
+        return _c.as_tensor(value if value.flags["OWNDATA"] else np.array(value))
+    if not _c.is_tensor(value):
         return _c.as_tensor(value)
     from compat.device import to_device
     return to_device(value)
@@ -181,8 +186,36 @@ def _torch_batches(dataset, batch_sampler, num_workers):
 
 
 # -- MindSpore --------------------------------------------------------------------------------------------
+def pack(obj):
+    """obj -> one uint8 array: [count, sizes..., pickle header, raw array buffers...] (pickle protocol 5 with
+    out-of-band buffers, so array data is copied once here and not at all by `unpack`)."""
+    buffers = []
+    header = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
+    parts = [memoryview(header)] + [b.raw() for b in buffers]
+    sizes = np.array([len(parts)] + [p.nbytes for p in parts], dtype=np.int64)
+    out = np.empty(sizes.nbytes + int(sizes[1:].sum()), dtype=np.uint8)
+    out[:sizes.nbytes] = sizes.view(np.uint8)
+    at = sizes.nbytes
+    for part in parts:
+        out[at:at + part.nbytes] = np.frombuffer(part, dtype=np.uint8)
+        at += part.nbytes
+    return out
+
+
+def unpack(row):
+    """Inverse of `pack`; the arrays it returns are views into `row`."""
+    row = np.ascontiguousarray(row, dtype=np.uint8)
+    count = int(row[:8].view(np.int64)[0])
+    sizes = row[8:8 * (count + 1)].view(np.int64)
+    views, at = [], 8 * (count + 1)
+    for size in sizes:
+        views.append(memoryview(row[at:at + int(size)]))
+        at += int(size)
+    return pickle.loads(views[0], buffers=views[1:])
+
+
 class _BatchRow:
-    """map() operation: a row of indices -> one row holding the pickled ('ok', batch) / failure record."""
+    """map() operation: a row of indices -> one row holding the packed ('ok', batch) / failure record."""
 
     def __init__(self, dataset):
         self.dataset = dataset
@@ -190,41 +223,56 @@ class _BatchRow:
     def __call__(self, indices):
         result = _load_batch(self.dataset, indices)
         try:
-            blob = pickle.dumps(result, protocol=4)
+            return pack(result)
         except Exception as exc:  # e.g. an exception type that cannot be pickled
-            blob = pickle.dumps(("error", RuntimeError, "%s: %s" % (type(exc).__name__, exc), result[-1]
-                                 if result[0] == "error" else ""), protocol=4)
-        return np.frombuffer(blob, dtype=np.uint8)
+            return pack(("error", RuntimeError, "%s: %s" % (type(exc).__name__, exc),
+                         result[-1] if result[0] == "error" else ""))
 
 
 class _IndexRows:
     """GeneratorDataset source: the sampler's index lists, one row each; a sampler error ends the stream and is
     raised by the main loop after the batches before it (MindSpore would rewrap it otherwise)."""
 
-    def __init__(self, batch_sampler, errors):
-        self.batch_sampler, self.errors = batch_sampler, errors
+    def __init__(self, batches, errors):
+        self.batches, self.errors = batches, errors
 
     def __call__(self):
         try:
-            for batch in self.batch_sampler:
+            for batch in self.batches:
                 yield (_check_indices(batch),)
         except Exception as exc:
             self.errors.append(exc)
 
 
+def _row_megabytes(dataset, batch):
+    """Shared-memory slot size (MB) for one packed batch, from the first item: MindSpore's worker queues copy a
+    row through shared memory only when it fits (else it pickles it through a pipe, several times slower), and
+    allocate 6 slots of this size per worker, so guessing large costs memory."""
+    item = dataset[int(_check_indices(batch)[0])]
+    per_item = sum(np.asarray(v).nbytes for v in item.values() if not isinstance(v, str)) if isinstance(item, dict) else 0
+    return int(min(max(np.ceil(1.25 * per_item * len(batch) / 2 ** 20) + 1, 6), 2048))
+
+
 def _ms_batches(dataset, batch_sampler, num_workers):
     import mindspore.dataset as ds
     errors = []
+    batches = iter(batch_sampler)
+    try:
+        first = next(batches)
+    except StopIteration:
+        return
+    max_rowsize = _row_megabytes(dataset, first) if num_workers > 0 else 6
     # A small prefetch keeps memory near torch's (2 batches per worker) instead of MindSpore's 16 rows per op.
     ds.config.set_prefetch_size(max(2, 2 * num_workers))
-    source = ds.GeneratorDataset(_IndexRows(batch_sampler, errors), column_names=["indices"], shuffle=False,
-                                 num_parallel_workers=1, python_multiprocessing=False)
+    source = ds.GeneratorDataset(_IndexRows(itertools.chain([first], batches), errors), column_names=["indices"],
+                                 shuffle=False, num_parallel_workers=1, python_multiprocessing=False)
     rows = source.map(_BatchRow(dataset), input_columns=["indices"], output_columns=["batch"],
-                      num_parallel_workers=max(num_workers, 1), python_multiprocessing=num_workers > 0)
+                      num_parallel_workers=max(num_workers, 1), python_multiprocessing=num_workers > 0,
+                      max_rowsize=max_rowsize)
     iterator = rows.create_tuple_iterator(num_epochs=1, output_numpy=True)
     try:
-        for (blob,) in iterator:
-            yield pickle.loads(blob.tobytes())
+        for (row,) in iterator:
+            yield unpack(row)
         if errors:
             raise errors[0]
     finally:
