@@ -249,7 +249,9 @@ def _row_megabytes(dataset, batch):
     row through shared memory only when it fits (else it pickles it through a pipe, several times slower), and
     allocate 6 slots of this size per worker, so guessing large costs memory."""
     item = dataset[int(_check_indices(batch)[0])]
-    per_item = sum(np.asarray(v).nbytes for v in item.values() if not isinstance(v, str)) if isinstance(item, dict) else 0
+    if not isinstance(item, dict):
+        return 6  # collate will report the bad item
+    per_item = sum(np.asarray(v).nbytes for v in item.values() if not isinstance(v, str))
     return int(min(max(np.ceil(1.25 * per_item * len(batch) / 2 ** 20) + 1, 6), 2048))
 
 
