@@ -1,0 +1,66 @@
+"""Builders from config: `build_model(cfg)`; registries of backbones, heads and meta-architectures."""
+from reid.modeling.backbones.acl_resnet import ACLResNet
+from reid.modeling.backbones.resnet import ResNet
+from reid.modeling.heads import MetaEmbeddingHead
+from reid.modeling.meta_arch import ReIDModel
+from reid.modeling.registry import BACKBONE_REGISTRY, HEAD_REGISTRY, META_ARCH_REGISTRY
+from compat.errors import UserError
+
+
+@BACKBONE_REGISTRY.register("acl_resnet50_ibn_a")
+def build_acl_resnet50_ibn_a(cfg):
+    b = cfg.MODEL.BACKBONE
+    return ACLResNet(b.BASE_WIDTH, b.LAST_STRIDE, b.WITH_IBN, b.NUM_EXPERTS)
+
+
+@BACKBONE_REGISTRY.register("resnet50")
+def build_resnet50(cfg):
+    return ResNet(cfg.MODEL.BACKBONE.BASE_WIDTH, cfg.MODEL.BACKBONE.LAST_STRIDE, with_ibn=False)
+
+
+@BACKBONE_REGISTRY.register("resnet50_ibn_a")
+def build_resnet50_ibn_a(cfg):
+    return ResNet(cfg.MODEL.BACKBONE.BASE_WIDTH, cfg.MODEL.BACKBONE.LAST_STRIDE, with_ibn=True)
+
+
+@HEAD_REGISTRY.register("MetaEmbeddingHead")
+def build_meta_embedding_head(cfg, feat_dim, with_centers=True):
+    h = cfg.MODEL.HEADS
+    return MetaEmbeddingHead(feat_dim, list(h.NUM_CLASSES), h.POOL_LAYER, h.GEM_P, h.SCALE, with_centers)
+
+
+def build_backbone(cfg):
+    return BACKBONE_REGISTRY.get(cfg.MODEL.BACKBONE.NAME)(cfg)
+
+
+def _assemble(cfg, backbone, with_centers):
+    heads = HEAD_REGISTRY.get(cfg.MODEL.HEADS.NAME)(cfg, backbone.feat_dim, with_centers)
+    model = ReIDModel(backbone, heads, cfg.MODEL.PIXEL_MEAN, cfg.MODEL.PIXEL_STD, cfg.MODEL.NUM_SPLITS)
+    if cfg.MODEL.BACKBONE.PRETRAIN:
+        from reid.modeling.pretrained import load_pretrained_backbone
+        load_pretrained_backbone(model, cfg.MODEL.BACKBONE.PRETRAIN_PATH)
+    return model
+
+
+@META_ARCH_REGISTRY.register("ACL")
+def build_acl(cfg):
+    """ACL: CODE-block backbone (router weights as `paths`), head with per-domain classifiers and centers."""
+    if cfg.MODEL.BACKBONE.NAME != "acl_resnet50_ibn_a":
+        raise UserError("META_ARCHITECTURE ACL needs MODEL.BACKBONE.NAME acl_resnet50_ibn_a (got %r); use "
+                        "MODEL.META_ARCHITECTURE Baseline for a plain ResNet" % cfg.MODEL.BACKBONE.NAME)
+    return _assemble(cfg, build_backbone(cfg), with_centers=True)
+
+
+@META_ARCH_REGISTRY.register("Baseline")
+def build_baseline(cfg):
+    """Bag of tricks: plain ResNet-50 (-IBN-a), BNNeck, per-domain classifiers; no centers, `paths` is None."""
+    if cfg.MODEL.BACKBONE.NAME not in ("resnet50", "resnet50_ibn_a"):
+        raise UserError("META_ARCHITECTURE Baseline needs MODEL.BACKBONE.NAME resnet50 or resnet50_ibn_a (got %r)"
+                        % cfg.MODEL.BACKBONE.NAME)
+    return _assemble(cfg, build_backbone(cfg), with_centers=False)
+
+
+def build_model(cfg):
+    """The network described by cfg.MODEL (`build_model(get_cfg())` is the full-size ACL network).
+    Weights are drawn from numpy's global RNG: seed it for reproducible (and backend-identical) init."""
+    return META_ARCH_REGISTRY.get(cfg.MODEL.META_ARCHITECTURE)(cfg)

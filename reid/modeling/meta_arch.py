@@ -1,0 +1,65 @@
+"""Meta-architectures: ACL and the bag-of-tricks baseline. Both normalise 0..255 images inside the model,
+run the backbone and the embedding head (contract in docs/architecture.md and docs/model.md)."""
+import numpy as np
+
+import compat
+from compat import nn
+from compat.errors import UserError
+
+from reid.modeling.layers import set_num_splits
+
+
+class ReIDModel(nn.Module):
+    """backbone + heads. forward(images (N, 3, H, W) float 0..255):
+    train -> dict(features, neck_feat, feat_norm, logits, center_dist, paths); eval -> (N, D) features."""
+
+    def __init__(self, backbone, heads, pixel_mean, pixel_std, num_splits=1):
+        super().__init__()
+        mean, std = np.asarray(pixel_mean, np.float32), np.asarray(pixel_std, np.float32)
+        if mean.shape != (3,) or std.shape != (3,) or np.any(std <= 0):
+            raise UserError("MODEL.PIXEL_MEAN / MODEL.PIXEL_STD must be 3 values each (RGB, 0..255 scale, std > 0), "
+                            "got %r / %r" % (list(pixel_mean), list(pixel_std)))
+        self.backbone = backbone
+        self.heads = heads
+        # plain-dict constants (not buffers: they are no state to save, and MSAdapter ignores non-persistence)
+        object.__setattr__(self, "_pixel", {"mean": mean.reshape(1, 3, 1, 1), "std": std.reshape(1, 3, 1, 1)})
+        self.num_splits = num_splits
+
+    @property
+    def num_splits(self):
+        return self._pixel["num_splits"]
+
+    @num_splits.setter
+    def num_splits(self, value):
+        set_num_splits(self, value)
+        self._pixel["num_splits"] = value
+
+    @property
+    def num_classes(self):
+        """Identities per source domain (one classifier each)."""
+        return list(self.heads.num_classes)
+
+    @property
+    def domain_offsets(self):
+        """Global label of each domain's first identity: [0, n_0, n_0 + n_1, ...]."""
+        return [int(v) for v in np.cumsum([0] + self.num_classes[:-1])]
+
+    def _constants(self):
+        key = compat.current_device()
+        if key not in self._pixel:
+            self._pixel[key] = (compat.as_tensor(self._pixel["mean"]), compat.as_tensor(self._pixel["std"]))
+        return self._pixel[key]
+
+    def preprocess(self, images):
+        if images.dim() != 4 or images.shape[1] != 3:
+            raise UserError("the model expects images of shape (N, 3, H, W), got %s" % (tuple(images.shape),))
+        mean, std = self._constants()
+        return (images - mean) / std
+
+    def forward(self, images):
+        features, paths = self.backbone(self.preprocess(images))
+        out = self.heads(features)
+        if not self.training:
+            return out
+        out["paths"] = paths
+        return out

@@ -1,0 +1,138 @@
+"""ImageNet initialisation from a ResNet-50-IBN-a checkpoint (`resnet50_ibn_a-d9d0bb7b.pth`, IBN-Net
+layout: conv1, bn1, layerS.B.{conv1,bn1,conv2,bn2,conv3,bn3,downsample.0,downsample.1}, bn1 split into
+`bn1.IN` / `bn1.BN` in stages 1-3, fc) or a plain ResNet-50 one (`resnet50-19c8e357.pth`).
+
+Plain backbones load by name. The ACL backbone follows the original's weight surgery (acl-dgreid.md B.1):
+  * stem and main stages (2/3/5/2 blocks) load by name from the first blocks of each stage;
+  * CODE block s takes its branches from the checkpoint's last block of stage s (layer1.2, layer2.3,
+    layer3.5, layer4.2; generally `layer{s}.{blocks_s - 1}` of ResNet-50's 3/4/6/3):
+      static branch `code{s}.adaptor_base.X` <- `X` of that block when present with the same shape (in IBN
+        stages bn1 has no plain `bn1.weight` key, so it keeps its init, exactly as the original);
+      experts `code{s}.adaptor_sub`:
+        conv1, bn2, and bn1 when the layouts agree: copied;
+        conv2 (p, p/K, 3, 3): the block's conv2 averaged over groups of K consecutive input channels;
+        conv3 (K*C, p/K, 1, 1): the block's conv3 averaged the same way, repeated K times along outputs;
+        bn3 (K*C): the block's bn3 repeated K times;
+        bn1 as IBN where the block has a plain BN (stage 4): IN <- first half, BN <- second half.
+Router, fusion norms, gate, SE and head keep their initialisation. `num_batches_tracked` and `fc.*` are
+ignored. A missing file, a missing stem/main-stage key or a shape mismatch raises a UserError naming it.
+"""
+import os
+
+import numpy as np
+
+from compat.errors import UserError
+
+from reid.modeling.backbones.acl_resnet import ACLResNet
+from reid.modeling.backbones.resnet import RESNET50_BLOCKS, ResNet
+from reid.modeling.utils import load_numpy_state, numpy_state
+
+
+def read_checkpoint(path):
+    """A torch `.pth` file -> {name: numpy array} (through compat.checkpoint; no torch needed)."""
+    path = os.path.expanduser(str(path or ""))
+    if not path:
+        raise UserError("MODEL.BACKBONE.PRETRAIN is on but MODEL.BACKBONE.PRETRAIN_PATH is empty; give the path of "
+                        "resnet50_ibn_a-d9d0bb7b.pth or set MODEL.BACKBONE.PRETRAIN False")
+    if not os.path.isfile(path):
+        raise UserError("pretrained weights %s do not exist; download resnet50_ibn_a-d9d0bb7b.pth (IBN-Net release "
+                        "v1.0) and set MODEL.BACKBONE.PRETRAIN_PATH to it" % path)
+    from compat import checkpoint
+    state = checkpoint.load(path)
+    if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
+        state = state["state_dict"]
+    if not isinstance(state, dict):
+        raise UserError("%s does not hold a state dict (got %s)" % (path, type(state).__name__))
+    return {(k[7:] if k.startswith("module.") else k): np.asarray(v) for k, v in state.items()}
+
+
+def _pool_inputs(weight, k):
+    """Average groups of k consecutive input channels: (out, in, kh, kw) -> (out, in/k, kh, kw)."""
+    out_c, in_c, kh, kw = weight.shape
+    return weight.reshape(out_c, in_c // k, k, kh, kw).mean(2)
+
+
+def _take(ckpt, key, shape, what):
+    if key not in ckpt:
+        raise UserError("pretrained checkpoint lacks %s (needed for %s); is it resnet50_ibn_a-d9d0bb7b.pth at "
+                        "this BASE_WIDTH?" % (key, what))
+    value = np.asarray(ckpt[key], dtype=np.float32)
+    if tuple(value.shape) != tuple(shape):
+        raise UserError("pretrained %s has shape %s but %s needs %s; the checkpoint does not match "
+                        "MODEL.BACKBONE.BASE_WIDTH / WITH_IBN" % (key, tuple(value.shape), what, tuple(shape)))
+    return value
+
+
+def acl_surgery(backbone, ckpt):
+    """{backbone state name: array} for an ACLResNet from a ResNet-50-IBN-a checkpoint dict (see module doc)."""
+    k = backbone.num_experts
+    out = {}
+    for name, current in numpy_state(backbone).items():
+        shape = current.shape
+        if not name.startswith("code"):
+            out[name] = _take(ckpt, name, shape, name)
+            continue
+        stage = int(name[4])
+        block = "layer%d.%d" % (stage, RESNET50_BLOCKS[stage - 1] - 1)
+        rest = name.split(".", 2)                     # ['code1', 'adaptor_sub', 'bn3.weight']
+        if rest[1] == "adaptor_base":
+            src = "%s.%s" % (block, rest[2])
+            if src in ckpt:
+                out[name] = _take(ckpt, src, shape, name)
+        elif rest[1] == "adaptor_sub":
+            out[name] = _expert_weight(ckpt, block, rest[2], shape, k, name)
+    return out
+
+
+def _expert_weight(ckpt, block, local, shape, k, name):
+    layer = local.split(".")[0]
+    if layer == "conv3":
+        v = _pool_inputs(_take_any(ckpt, block + ".conv3.weight", name), k)
+        return _check(np.tile(v, (k, 1, 1, 1)), shape, block + ".conv3.weight", name)
+    if layer == "bn3":
+        v = _take_any(ckpt, "%s.%s" % (block, local), name)
+        return _check(np.tile(v, k), shape, "%s.%s" % (block, local), name)
+    if layer == "conv2":
+        v = _take_any(ckpt, block + ".conv2.weight", name)
+        return _check(v if v.shape == shape else _pool_inputs(v, k), shape, block + ".conv2.weight", name)
+    src = "%s.%s" % (block, local)
+    if src in ckpt:
+        return _take(ckpt, src, shape, name)
+    parts = local.split(".")                          # bn1.IN.weight: IBN experts, plain-BN checkpoint block
+    if layer == "bn1" and len(parts) == 3 and parts[1] in ("IN", "BN"):
+        v = _take_any(ckpt, "%s.bn1.%s" % (block, parts[2]), name)
+        half = v.shape[0] // 2
+        return _check(v[:half] if parts[1] == "IN" else v[half:], shape, "%s.bn1.%s" % (block, parts[2]), name)
+    return _take(ckpt, src, shape, name)              # raises the missing-key error
+
+
+def _take_any(ckpt, key, what):
+    if key not in ckpt:
+        raise UserError("pretrained checkpoint lacks %s (needed for %s)" % (key, what))
+    return np.asarray(ckpt[key], dtype=np.float32)
+
+
+def _check(value, shape, key, what):
+    if tuple(value.shape) != tuple(shape):
+        raise UserError("pretrained %s gives shape %s for %s, which needs %s; the checkpoint does not match "
+                        "MODEL.BACKBONE.BASE_WIDTH / NUM_EXPERTS" % (key, tuple(value.shape), what, tuple(shape)))
+    return value
+
+
+def plain_state(backbone, ckpt):
+    """{backbone state name: array} for a plain ResNet: every parameter and running statistic by name."""
+    return {name: _take(ckpt, name, current.shape, name) for name, current in numpy_state(backbone).items()}
+
+
+def load_pretrained_backbone(model, source):
+    """Initialise `model.backbone` (or a bare backbone) from `source`: a checkpoint path or a
+    {name: array} dict in the ResNet-50(-IBN-a) layout. Returns the list of backbone names loaded."""
+    backbone = getattr(model, "backbone", model)
+    ckpt = read_checkpoint(source) if isinstance(source, (str, os.PathLike)) else dict(source)
+    if isinstance(backbone, ACLResNet):
+        state = acl_surgery(backbone, ckpt)
+    elif isinstance(backbone, ResNet):
+        state = plain_state(backbone, ckpt)
+    else:
+        raise UserError("no pretrained-weight rule for backbone %s" % type(backbone).__name__)
+    return load_numpy_state(backbone, state, strict=False)
