@@ -19,7 +19,7 @@ def is_tensor(obj):
 
 def as_tensor(array, dtype=None):
     """numpy (or nested list / scalar) -> backend tensor on the current device. dtype: numpy dtype or None."""
-    array = np.ascontiguousarray(np.asarray(array, dtype=dtype))
+    array = np.array(array, dtype=dtype, order="C")  # a copy: 0-d stays 0-d (ascontiguousarray makes it 1-d)
     if _is_ms():
         return _c.torch.tensor(array)
     from compat.device import torch_device

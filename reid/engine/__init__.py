@@ -1,0 +1,1 @@
+"""Training: the ACL trainer (basic + meta steps), its objectives, hooks, checkpoints and logs."""

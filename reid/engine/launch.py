@@ -1,0 +1,93 @@
+"""What train.py and test.py do, as functions: command-line parsing shared by both, config setup, the
+training run, and evaluation on the configured target domains."""
+import argparse
+import os
+import sys
+
+
+def build_parser(description, training):
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config-file", default="", metavar="FILE", help="yacs config (see configs/)")
+    p.add_argument("--backend", choices=("mindspore", "torch"), default=None,
+                   help="framework under the torch API (default: $REID_BACKEND or mindspore)")
+    p.add_argument("--device", default=None, help="cpu | gpu | ascend (sets MODEL.DEVICE)")
+    p.add_argument("--help-config", action="store_true", help="print every config key with its default and exit")
+    if training:
+        p.add_argument("--resume", action="store_true", help="continue from OUTPUT_DIR/last_checkpoint")
+    else:
+        p.add_argument("--vis-rank", type=int, default=0, metavar="N",
+                       help="write PNG rank lists (top-10) for N queries per test dataset")
+    p.add_argument("opts", nargs=argparse.REMAINDER, help="KEY VALUE pairs overriding the config, e.g. SOLVER.BASE_LR 0.01")
+    return p
+
+
+def parse_args(description, training, argv=None):
+    """Parse the command line and select the backend before anything imports `compat`."""
+    args = build_parser(description, training).parse_args(argv)
+    if args.backend:
+        os.environ["REID_BACKEND"] = args.backend
+    if args.help_config:
+        from reid.config import get_cfg
+        print(get_cfg().dump())
+        sys.exit(0)
+    return args
+
+
+def setup_cfg(args):
+    from reid.config import load_cfg
+    opts = list(args.opts)
+    if args.device:
+        opts += ["MODEL.DEVICE", args.device]
+    return load_cfg(args.config_file or None, opts)
+
+
+def build_evaluate_fn(cfg):
+    """fn(model) -> {dataset: metrics} over DATASETS.TESTS (loaders built once, reused)."""
+    from reid.data.build import build_test_loaders
+    from reid.evaluation import evaluate, options_from_cfg
+    loaders = {name: build_test_loaders(cfg, name) for name in cfg.DATASETS.TESTS}
+    options = options_from_cfg(cfg)
+
+    def evaluate_fn(model, return_details=False):
+        results, details = {}, {}
+        for name, (qloader, gloader, qrec, grec) in loaders.items():
+            out = evaluate(model, qloader, gloader, return_distmat=return_details, **options)
+            if return_details:
+                results[name] = out[0]
+                details[name] = (out[1], qrec, grec)
+            else:
+                results[name] = out
+        return (results, details) if return_details else results
+    return evaluate_fn
+
+
+def write_config(cfg):
+    os.makedirs(cfg.OUTPUT_DIR, exist_ok=True)
+    path = os.path.join(cfg.OUTPUT_DIR, "config.yaml")
+    with open(path + ".tmp", "w") as fh:
+        fh.write(cfg.dump())
+    os.replace(path + ".tmp", path)
+    return path
+
+
+def train(cfg, resume=False, progress=True):
+    """Train as configured, evaluating on the targets; returns the trainer (results in trainer.last_results)."""
+    import compat
+    from reid.engine.hooks import default_hooks
+    from reid.engine.trainer import Trainer
+    from reid.evaluation import format_results_table
+
+    trainer = Trainer(cfg, resume=resume)
+    cfg = trainer.cfg  # now carries the class counts of the training data
+    write_config(cfg)
+    print("backend %(backend)s (%(torch_api)s %(torch_api_version)s on %(framework)s %(framework_version)s), "
+          "device %(device)s" % compat.info())
+    print(trainer.data.train_set.summary())
+    print("%d iterations (%d epochs x %d), output in %s" % (trainer.max_iter, cfg.SOLVER.MAX_EPOCH,
+                                                             trainer.iters_per_epoch, cfg.OUTPUT_DIR))
+    evaluate_fn = build_evaluate_fn(cfg) if len(cfg.DATASETS.TESTS) else None
+    trainer.hooks = default_hooks(trainer, evaluate_fn, progress=progress)
+    trainer.train()
+    if getattr(trainer, "last_results", None):
+        print(format_results_table(trainer.last_results))
+    return trainer

@@ -1,0 +1,289 @@
+"""The ACL trainer (acl-dgreid.md C.1-C.5): basic steps plus a first-order meta step every META.PERIOD
+iterations, two SGD optimizers on one warmup + cosine schedule.
+
+Iteration i runs ``INITIAL_BASIC_STEPS`` basic steps when i == 0, else one; then, when META is enabled and
+``i % PERIOD == 0``, one meta step:
+
+1. a meta-test domain is drawn uniformly; the other sources form the meta-train batch (one per-domain batch
+   each, concatenated in domain order);
+2. ``L_mtr(θ)`` on the meta-train batch ('hold' BN) and its gradient g;
+3. fast weights ``θ' = θ - α·r·g`` with g detached (first-order, as the original), α the meta optimizer's
+   current lr, r = ADAPTOR_STEP_RATIO for parameters of `adaptor` modules, else 1;
+4. ``L_mte(θ')`` on the meta-test batch ('hold' BN); its gradient w.r.t. θ equals ∇θ'L_mte because g is
+   constant;
+5. the meta optimizer (SGD, momentum META_MOMENTUM) steps with ∇L_mtr(θ) + ∇L_mte(θ').
+
+Unused parameters: with MODEL.NUM_SPLITS > 1 (the original's 4-GPU DataParallel) every parameter receives a
+gradient each step (DataParallel's broadcast backward materialises zeros for parameters a replica did not
+use), so weight decay and momentum act on all of them. With NUM_SPLITS = 1 (a single device) a parameter
+the loss does not reach gets torch's ``grad is None`` and the optimizer leaves it untouched: the classifiers
+of source domains absent from a basic batch, and all classifiers in meta steps.
+"""
+import math
+import os
+import time
+
+import numpy as np
+
+import compat
+from compat.errors import UserError
+from compat.optim import SGD
+from compat.schedules import LRSchedule
+from reid.engine.checkpointer import Checkpointer, model_state_from_file
+from reid.engine.events import MetricsWriter, plot_curves
+from reid.engine.objectives import objective
+from reid.modeling import bn_mode, build_model, fast_weights
+from reid.modeling.layers import MetaBatchNorm, MetaInstanceNorm
+
+
+class TrainingDiverged(UserError):
+    """The loss became NaN or Inf."""
+
+
+def param_groups(named_params, solver, norm_names):
+    """fast-reid's per-parameter lr / weight decay rules, merged into groups of equal settings.
+    Returns (groups, ordered names) where names follow the optimizer's flattened parameter order."""
+    buckets = {}
+    for name, p in named_params:
+        factor, wd = 1.0, solver.WEIGHT_DECAY
+        if name.startswith("heads."):
+            factor *= solver.HEADS_LR_FACTOR
+        if name.endswith(".bias"):
+            factor *= solver.BIAS_LR_FACTOR
+            wd = solver.WEIGHT_DECAY_BIAS
+        if name in norm_names:
+            wd = solver.WEIGHT_DECAY_NORM
+        buckets.setdefault((factor, wd), []).append((name, p))
+    groups, names = [], []
+    for (factor, wd), members in buckets.items():
+        groups.append({"params": [p for _, p in members], "lr_factor": factor, "weight_decay": wd,
+                       "lr": solver.BASE_LR * factor})
+        names.extend(n for n, _ in members)
+    return groups, names
+
+
+def _finite(value):
+    return math.isfinite(float(value))
+
+
+def _scalar(t):
+    return float(compat.to_numpy(t))
+
+
+class Trainer:
+    """Builds everything from a frozen config and runs training; `hooks` see the trainer after each
+    iteration (`after_step`) and at the end (`after_train`)."""
+
+    def __init__(self, cfg, resume=False, data=None, quiet=False):
+        self.quiet = quiet
+        self.output_dir = cfg.OUTPUT_DIR
+        self.checkpointer = Checkpointer(self.output_dir)
+        state, state_path = None, None
+        if resume:
+            state_path, state = self.checkpointer.load_last()
+
+        compat.set_device(cfg.MODEL.DEVICE)
+        compat.manual_seed(cfg.SEED)
+        np.random.seed(cfg.SEED)
+
+        if data is None:
+            from reid.data.build import TrainData
+            data = TrainData(cfg, consumed=state.get("data") if state else None)
+        self.data = data
+        if list(cfg.MODEL.HEADS.NUM_CLASSES) != data.num_classes:
+            cfg.defrost()
+            cfg.MODEL.HEADS.NUM_CLASSES = list(data.num_classes)
+            cfg.freeze()
+        self.cfg = cfg
+        self.meta = bool(cfg.META.ENABLED)
+        if self.meta and len(data.num_classes) < 2:
+            raise UserError("meta steps need at least 2 source domains (DATASETS.NAMES has %d); add sources or set "
+                            "META.ENABLED False" % len(data.num_classes))
+
+        self.model = compat.to_device(build_model(cfg))
+        if cfg.MODEL.WEIGHTS and state is None:
+            compat.checkpoint.load_state_dict(self.model, model_state_from_file(cfg.MODEL.WEIGHTS))
+        self.model.train()
+
+        norm_names = {"%s.%s" % (mod_name, p_name) if mod_name else p_name
+                      for mod_name, mod in self.model.named_modules()
+                      if isinstance(mod, (MetaBatchNorm, MetaInstanceNorm))
+                      for p_name, _ in mod.named_parameters(recurse=False)}
+        trainable = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        groups, self.param_names = param_groups(trainable, cfg.SOLVER, norm_names)
+        self.optimizer = SGD(groups, lr=cfg.SOLVER.BASE_LR, momentum=cfg.SOLVER.MOMENTUM,
+                             nesterov=cfg.SOLVER.NESTEROV)
+        self.params = self.optimizer.params
+        meta_groups, _ = param_groups(trainable, cfg.SOLVER, norm_names)
+        self.optimizer_meta = SGD(meta_groups, lr=cfg.SOLVER.BASE_LR, momentum=cfg.SOLVER.META_MOMENTUM)
+        self.step_ratio = [cfg.MODEL.BACKBONE.ADAPTOR_STEP_RATIO if "adaptor" in n else 1.0 for n in self.param_names]
+        self.classifier_index = self._classifier_index()
+
+        self.iters_per_epoch = data.iters_per_epoch(cfg)
+        self.max_iter = int(cfg.SOLVER.MAX_EPOCH) * self.iters_per_epoch
+        self.schedule = LRSchedule.from_config(cfg.SOLVER, cfg.SOLVER.BASE_LR, self.iters_per_epoch)
+        self.meta_rng = np.random.RandomState(int(cfg.SEED) + 1)
+        self.num_splits = int(cfg.MODEL.NUM_SPLITS)
+        self.offsets = list(data.offsets)
+        self.start_iter = 0
+        self.iter = 0
+        self.step_log = []       # (iteration, kind, total loss) of every step: the loss trajectory
+        self.last_terms = {}
+        self.hooks = []
+        if state is not None:
+            self._restore(state, state_path)
+
+    # ------------------------------------------------------------------ parameters
+    def _classifier_index(self):
+        """{domain: [positions in self.params of that domain's classifier parameters]}."""
+        out = {}
+        for i, name in enumerate(self.param_names):
+            if name.startswith("heads.classifiers."):
+                out.setdefault(int(name.split(".")[2]), []).append(i)
+        return out
+
+    def _drop_unused(self, grads, absent_domains):
+        """torch's None gradient for classifiers the loss did not reach (single-device semantics only)."""
+        if self.num_splits > 1:
+            return list(grads)
+        grads = list(grads)
+        for d in absent_domains:
+            for i in self.classifier_index.get(d, []):
+                grads[i] = None
+        return grads
+
+    # ------------------------------------------------------------------ steps
+    def _batch_view(self, batch):
+        return {"targets": batch["targets"], "domains": batch["domains"]}
+
+    def _loss_fn(self, kind, batch, fast=None):
+        model, cfg = self.model, self.cfg
+        params, names = self.params, self.param_names
+
+        def fn():
+            mode = "general" if kind == "basic" else "hold"
+            with bn_mode(model, mode):
+                if fast is None:
+                    out = model(batch["images"])
+                else:
+                    grads, alpha = fast
+                    weights = {n: p - (alpha * r) * g for n, p, g, r in zip(names, params, grads, self.step_ratio)}
+                    with fast_weights(model, weights):
+                        out = model(batch["images"])
+            total, terms = objective(kind, out, self._batch_view(batch), cfg, self.offsets, self.num_splits)
+            return total, terms
+        return fn
+
+    def _check(self, loss, kind):
+        if not _finite(loss):
+            last = self.checkpointer.last()
+            raise TrainingDiverged(
+                "loss became %s in the %s step of iteration %d; stopped without saving (last good checkpoint: %s); "
+                "lower SOLVER.BASE_LR or enable SOLVER.CLIP_GRADIENTS" % (float(loss), kind, self.iter, last or "none"))
+
+    def _clip(self, grads):
+        clip = self.cfg.SOLVER.CLIP_GRADIENTS
+        if not clip.ENABLED:
+            return grads
+        return list(compat.clip_grad_norm(grads, clip.MAX_NORM)[0])
+
+    def basic_step(self):
+        batch = next(self.data.combined)
+        loss, terms, grads = compat.value_and_grad(self._loss_fn("basic", batch), self.params)()
+        self._check(loss, "basic")
+        present = set(np.unique(compat.to_numpy(batch["domains"])).tolist())
+        absent = [d for d in range(len(self.offsets)) if d not in present]
+        self.optimizer.step(self._clip(self._drop_unused(grads, absent)))
+        self.step_log.append((self.iter, "basic", _scalar(loss)))
+        self.last_terms.update({k: _scalar(v) for k, v in terms.items()})
+        self.last_terms["loss_basic"] = _scalar(loss)
+
+    def meta_step(self):
+        num_domains = len(self.offsets)
+        test_domain = int(self.meta_rng.choice(num_domains))
+        train_domains = [d for d in range(num_domains) if d != test_domain]
+        parts = [next(self.data.domains[d]) for d in train_domains]
+        mtr = {k: compat.torch.cat([p[k] for p in parts], 0) for k in ("images", "targets", "domains")}
+        mte = next(self.data.domains[test_domain])
+
+        loss_mtr, terms_mtr, g_mtr = compat.value_and_grad(self._loss_fn("mtrain", mtr), self.params)()
+        self._check(loss_mtr, "meta-train")
+        alpha = self.schedule.lr_at(self.iter)
+        detached = [g.detach() for g in g_mtr]
+        loss_mte, terms_mte, g_mte = compat.value_and_grad(
+            self._loss_fn("mtest", mte, fast=(detached, alpha)), self.params)()
+        self._check(loss_mte, "meta-test")
+        grads = [a + b for a, b in zip(g_mtr, g_mte)]
+        self.optimizer_meta.step(self._clip(self._drop_unused(grads, range(num_domains))))
+        self.step_log.append((self.iter, "meta", _scalar(loss_mtr) + _scalar(loss_mte)))
+        self.last_terms.update({"meta/" + k: _scalar(v) for k, v in terms_mtr.items()})
+        self.last_terms.update({"meta/" + k: _scalar(v) for k, v in terms_mte.items()})
+        self.last_terms.update({"meta/loss_mtrain": _scalar(loss_mtr), "meta/loss_mtest": _scalar(loss_mte),
+                                "meta/test_domain": test_domain})
+
+    def run_iteration(self):
+        lr = self.schedule.lr_at(self.iter)
+        self.optimizer.set_lr(lr)
+        self.optimizer_meta.set_lr(lr)
+        basic_steps = int(self.cfg.META.INITIAL_BASIC_STEPS) if self.iter == 0 else 1
+        for _ in range(basic_steps):
+            self.basic_step()
+        if self.meta and self.iter % int(self.cfg.META.PERIOD) == 0:
+            self.meta_step()
+        self.last_terms["lr"] = lr
+
+    # ------------------------------------------------------------------ loop
+    def train(self, max_iter=None):
+        """Run iterations start_iter .. max_iter-1, calling hooks after each; returns self."""
+        end = self.max_iter if max_iter is None else min(int(max_iter), self.max_iter)
+        for hook in self.hooks:
+            hook.before_train(self)
+        try:
+            for self.iter in range(self.start_iter, end):
+                t0 = time.perf_counter()
+                self.run_iteration()
+                self.last_terms["time"] = time.perf_counter() - t0
+                for hook in self.hooks:
+                    hook.after_step(self)
+            self.iter = end - 1
+            for hook in self.hooks:
+                hook.after_train(self)
+        finally:
+            for hook in self.hooks:
+                hook.close(self)
+        return self
+
+    @property
+    def epoch(self):
+        return self.iter // self.iters_per_epoch
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self):
+        rng = self.meta_rng.get_state()
+        return {
+            "model": compat.checkpoint.state_dict(self.model),
+            "optimizer": self.optimizer.state_dict(),
+            "optimizer_meta": self.optimizer_meta.state_dict(),
+            "iteration": int(self.iter),
+            "data": self.data.consumed(),
+            "meta_rng": {"keys": np.asarray(rng[1], np.int64), "pos": int(rng[2]), "has_gauss": int(rng[3]),
+                         "cached_gaussian": float(rng[4])},
+            "backend": compat.BACKEND,
+            "config": self.cfg.dump(),
+        }
+
+    def _restore(self, state, path):
+        compat.checkpoint.load_state_dict(self.model, state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.optimizer_meta.load_state_dict(state["optimizer_meta"])
+        r = state["meta_rng"]
+        self.meta_rng.set_state(("MT19937", np.asarray(r["keys"], np.uint32), int(r["pos"]), int(r["has_gauss"]),
+                                 float(r["cached_gaussian"])))
+        self.start_iter = int(state["iteration"]) + 1
+        self.iter = self.start_iter
+        if not self.quiet:
+            print("resumed from %s (iteration %d, saved by the %s backend)" % (
+                path, self.start_iter, state.get("backend", "?")))
+
+    def save_checkpoint(self, name):
+        return self.checkpointer.save(name, self.state_dict())
