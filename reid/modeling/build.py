@@ -45,6 +45,7 @@ def _assemble(cfg, backbone, with_centers):
 @META_ARCH_REGISTRY.register("ACL")
 def build_acl(cfg):
     """ACL: CODE-block backbone (router weights as `paths`), head with per-domain classifiers and centers."""
+    BACKBONE_REGISTRY.get(cfg.MODEL.BACKBONE.NAME)   # unknown names first get the list of known ones
     if cfg.MODEL.BACKBONE.NAME != "acl_resnet50_ibn_a":
         raise UserError("META_ARCHITECTURE ACL needs MODEL.BACKBONE.NAME acl_resnet50_ibn_a (got %r); use "
                         "MODEL.META_ARCHITECTURE Baseline for a plain ResNet" % cfg.MODEL.BACKBONE.NAME)
@@ -54,6 +55,7 @@ def build_acl(cfg):
 @META_ARCH_REGISTRY.register("Baseline")
 def build_baseline(cfg):
     """Bag of tricks: plain ResNet-50 (-IBN-a), BNNeck, per-domain classifiers; no centers, `paths` is None."""
+    BACKBONE_REGISTRY.get(cfg.MODEL.BACKBONE.NAME)
     if cfg.MODEL.BACKBONE.NAME not in ("resnet50", "resnet50_ibn_a"):
         raise UserError("META_ARCHITECTURE Baseline needs MODEL.BACKBONE.NAME resnet50 or resnet50_ibn_a (got %r)"
                         % cfg.MODEL.BACKBONE.NAME)
