@@ -1,0 +1,92 @@
+"""Speed of the ACL network, MindSpore vs torch, measured in one run (one backend after the other, so they
+never share the CPU): train-mode forward and forward+backward time per image at full size (BASE_WIDTH 64,
+256x128, batch 8, Protocol-2 class counts) and at demo size (configs/synthetic/acl.yml: BASE_WIDTH 8,
+128x64, batch 64, NUM_SPLITS 4). Prints seconds per image and the MindSpore/torch ratio.
+
+    python bench/model.py [--sizes demo,full] [--repeats 3]
+
+Run it from either environment; the other backend runs in its own virtual environment (tests/crossenv.py).
+"""
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+SIZES = {
+    "demo": dict(width=8, height=128, batch=64, splits=4, classes=[100, 100, 100]),
+    "full": dict(width=64, height=256, batch=8, splits=1, classes=[11934, 751, 1041]),
+}
+
+
+def measure(width, height, batch, splits, classes, repeats):
+    """Seconds per batch (mean over `repeats` after one warm-up) of a train-mode forward and of a forward +
+    backward w.r.t. every trainable parameter through compat.value_and_grad."""
+    import compat
+    from reid.config import get_cfg
+    from reid.modeling import build_model
+    cfg = get_cfg()
+    cfg.MODEL.BACKBONE.BASE_WIDTH = width
+    cfg.MODEL.HEADS.NUM_CLASSES = list(classes)
+    cfg.MODEL.NUM_SPLITS = splits
+    np.random.seed(0)
+    model = build_model(cfg)
+    model.train()
+    images = compat.as_tensor((np.random.RandomState(1).rand(batch, 3, height, height // 2) * 255).astype(np.float32))
+    params = [p for _, p in model.named_parameters() if p.requires_grad]
+
+    def forward():
+        out = model(images)
+        return compat.to_numpy(out["feat_norm"])        # reading a result waits for the computation
+
+    def loss_fn(x):
+        out = model(x)
+        loss = (out["feat_norm"] * out["feat_norm"]).sum() + out["center_dist"].mean() + out["paths"].sum()
+        return loss + sum(l.mean() for l in out["logits"])
+
+    grad_fn = compat.value_and_grad(loss_fn, params)
+
+    def forward_backward():
+        _, _, grads = grad_fn(images)
+        return compat.to_numpy(grads[0])
+
+    result = {}
+    for name, fn in (("forward", forward), ("forward+backward", forward_backward)):
+        fn()
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        result[name] = float(np.mean(times))
+    result["backend"] = compat.info()["backend"]
+    result["layer"] = "%s %s" % (compat.info()["torch_api"], compat.info()["torch_api_version"])
+    return result
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="demo,full", help="comma-separated: %s" % ", ".join(SIZES))
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    from tests.crossenv import run_cases
+    rows = []
+    for size in args.sizes.split(","):
+        spec = dict(SIZES[size], repeats=args.repeats)
+        got = {backend: run_cases(backend, [("bench.model:measure", spec)], timeout=3600)[0]
+               for backend in ("mindspore", "torch")}
+        rows.append((size, spec, got))
+        for name in ("forward", "forward+backward"):
+            ms, tr = got["mindspore"][name] / spec["batch"], got["torch"][name] / spec["batch"]
+            print("%-5s w%-2d %dx%d b%-2d %-17s MindSpore %8.4f s/img   torch %8.4f s/img   ratio %5.2fx"
+                  % (size, spec["width"], spec["height"], spec["height"] // 2, spec["batch"], name, ms, tr, ms / tr),
+                  flush=True)
+    print("MindSpore: %s; torch: %s" % (rows[0][2]["mindspore"]["layer"], rows[0][2]["torch"]["layer"]))
+
+
+if __name__ == "__main__":
+    main()
