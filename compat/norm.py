@@ -2,8 +2,11 @@
 
 MSAdapter gets these wrong or lacks them on CPU: its BatchNorm keeps a *biased* running variance,
 `F.batch_norm(training=True)` never updates the running tensors it is given, and `F.instance_norm` /
-`InstanceNorm2d` fail. So on MindSpore both ops are built from basic reductions; on torch the native
-kernels are used where they have the same semantics.
+`InstanceNorm2d` fail. On MindSpore both ops therefore run MindSpore's fused `ops.BatchNorm` kernel (forward
+and backward; composing the same maths from adapter ops costs ~5x more per layer) and torch's running-
+statistics rule is applied on top: the kernel writes the batch mean and *biased* variance into scratch
+statistics (momentum 1), from which the running tensors get torch's update with the unbiased variance.
+Instance norm is the same kernel on the (1, N*C, H, W) view. On torch the native kernels are used.
 
 batch_norm modes (the ACL "type_running_stats"):
   'general'  batch statistics; running_mean / running_var updated in place with torch's momentum
@@ -13,6 +16,8 @@ batch_norm modes (the ACL "type_running_stats"):
 `num_splits` > 1 emulates nn.DataParallel over that many contiguous chunks: statistics per chunk, running
 statistics updated from chunk 0 only (the replica whose buffers alias the module's).
 """
+import numpy as np
+
 import compat as _c
 from compat.errors import UserError
 from compat.tensor import assign_
@@ -48,13 +53,11 @@ def batch_norm(x, running_mean, running_var, weight=None, bias=None, mode="gener
                num_splits=1):
     if mode not in MODES:
         raise ValueError("batch_norm mode must be one of %s, got %r" % (MODES, mode))
-    torch, F = _c.torch, _c.F
+    F = _c.F
     ndim = x.dim()
     if mode == "eval":
         if _c.IS_MINDSPORE:
-            shape = (1, -1) + (1,) * (ndim - 2)
-            y = (x - running_mean.reshape(shape)) / torch.sqrt(running_var.reshape(shape) + eps)
-            return _affine(y, weight, bias, ndim)
+            return _ms_batch_norm(x, weight, bias, eps, running_mean, running_var)
         return F.batch_norm(x, running_mean, running_var, weight, bias, False, 0.0, eps)
 
     num_splits = int(num_splits)
@@ -70,18 +73,18 @@ def batch_norm(x, running_mean, running_var, weight=None, bias=None, mode="gener
             return F.batch_norm(x, running_mean, running_var, weight, bias, True, momentum, eps)
         return F.batch_norm(x, None, None, weight, bias, True, 0.0, eps)
 
-    dims = _reduce_dims(ndim)
-    mean = x.mean(dims, keepdim=True)
-    centred = x - mean
-    var = (centred * centred).mean(dims, keepdim=True)
-    y = centred / torch.sqrt(var + eps)
-    if mode == "general":
-        count = x.numel() // x.shape[1]
-        _update_running(running_mean, running_var, mean.reshape(-1), var.reshape(-1), count, momentum)
-    return _affine(y, weight, bias, ndim)
+    _reduce_dims(ndim)
+    update = (running_mean, running_var, momentum) if mode == "general" else None
+    return _ms_batch_norm(x, weight, bias, eps, update=update)
 
 
 def _split_batch_norm(x, running_mean, running_var, weight, bias, mode, momentum, eps, num_splits):
+    if _c.IS_MINDSPORE:
+        size = x.shape[0] // num_splits
+        update = (running_mean, running_var, momentum) if mode == "general" else None
+        outs = [_ms_batch_norm(x[i * size:(i + 1) * size], weight, bias, eps, update=update if i == 0 else None)
+                for i in range(num_splits)]
+        return _c.torch.cat(outs, 0)
     torch = _c.torch
     ndim = x.dim()
     shape = tuple(x.shape)
@@ -101,10 +104,61 @@ def instance_norm(x, weight=None, bias=None, eps=1e-5):
     """Per-sample, per-channel normalisation over the spatial dims (affine, no running statistics)."""
     if not _c.IS_MINDSPORE:
         return _c.F.instance_norm(x, None, None, weight, bias, True, 0.1, eps)
-    ndim = x.dim()
-    dims = tuple(range(2, ndim))
-    mean = x.mean(dims, keepdim=True)
-    centred = x - mean
-    var = (centred * centred).mean(dims, keepdim=True)
-    y = centred / _c.torch.sqrt(var + eps)
-    return _affine(y, weight, bias, ndim)
+    shape = tuple(x.shape)
+    n = shape[0]
+    # the affine goes into the kernel as per-(sample, channel) scale/offset: fewer ops than a separate affine
+    scale = weight.repeat(n) if weight is not None and n > 1 else weight
+    offset = bias.repeat(n) if bias is not None and n > 1 else bias
+    y = _ms_batch_norm(x.reshape((1, n * shape[1]) + shape[2:]), scale, offset, eps)
+    return y.reshape(shape)
+
+
+# --------------------------------------------------------------------------- MindSpore fused kernel
+_MS = {}
+
+
+def _ms_constants(channels):
+    """Per channel count: ones, zeros and the scratch statistics the fused kernel writes into."""
+    if channels not in _MS:
+        import mindspore
+        zeros, ones = np.zeros(channels, np.float32), np.ones(channels, np.float32)
+        _MS[channels] = dict(
+            ones=mindspore.Tensor(ones), zeros=mindspore.Tensor(zeros),
+            mean=mindspore.Parameter(mindspore.Tensor(zeros), name="bn_scratch_mean_%d" % channels,
+                                     requires_grad=False),
+            var=mindspore.Parameter(mindspore.Tensor(ones), name="bn_scratch_var_%d" % channels, requires_grad=False))
+    return _MS[channels]
+
+
+def _ms_kernel(training, eps):
+    key = ("kernel", training, float(eps))
+    if key not in _MS:
+        from mindspore import ops
+        # momentum 1: the scratch statistics become the batch mean and biased variance of this call
+        _MS[key] = ops.BatchNorm(is_training=training, epsilon=float(eps), momentum=1.0)
+    return _MS[key]
+
+
+def _ms_batch_norm(x, weight, bias, eps, running_mean=None, running_var=None, update=None):
+    """Fused batch norm on MindSpore. With running tensors: evaluation (normalise with them). Without: batch
+    statistics; `update=(running_mean, running_var, momentum)` then applies torch's running-statistics rule
+    (unbiased variance) from the scratch statistics, right after the kernel wrote them (ops run in order)."""
+    torch = _c.torch
+    shape = tuple(x.shape)
+    channels = shape[1]
+    x4 = x.reshape(shape + (1,) * (4 - len(shape))) if len(shape) < 4 else x
+    const = _ms_constants(channels)
+    scale = weight if weight is not None else const["ones"]
+    offset = bias if bias is not None else const["zeros"]
+    if running_mean is not None:
+        y = torch.cast_to_adapter_tensor(_ms_kernel(False, eps)(x4, scale, offset, running_mean, running_var)[0])
+        return y if len(shape) == 4 else y.reshape(shape)
+    y = _ms_kernel(True, eps)(x4, scale, offset, const["mean"], const["var"])[0]
+    if update is not None:
+        from mindspore import ops
+        rm, rv, momentum = update
+        count = int(np.prod(shape)) // channels  # from the shape: Tensor.numel() is a device op + sync on MindSpore
+        ops.assign(rm, ops.lerp(rm, const["mean"], float(momentum)))
+        ops.assign(rv, ops.lerp(rv, const["var"] * (float(count) / max(count - 1, 1)), float(momentum)))
+    y = torch.cast_to_adapter_tensor(y)
+    return y if len(shape) == 4 else y.reshape(shape)

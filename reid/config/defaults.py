@@ -121,6 +121,7 @@ _C.META.IMS_PER_DOMAIN = 32          # meta-train batch per domain and meta-test
 # ----------------------------------------------------------------------------- test
 _C.TEST = CN()
 _C.TEST.EVAL_PERIOD = 5              # epochs
+_C.TEST.EVAL_AT_START = False        # also evaluate the untrained model (a reference point for the curves)
 _C.TEST.IMS_PER_BATCH = 128
 _C.TEST.METRIC = "cosine"            # or "euclidean"
 _C.TEST.FLIP = False

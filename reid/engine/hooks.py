@@ -88,9 +88,19 @@ class PeriodicCheckpointer(HookBase):
 class Evaluator(HookBase):
     """Evaluates on DATASETS.TESTS every EVAL_PERIOD epochs and at the end; `results.json` keeps the last."""
 
-    def __init__(self, evaluate_fn, period_epochs, writer):
+    def __init__(self, evaluate_fn, period_epochs, writer, at_start=False):
         self.evaluate_fn, self.period, self.writer = evaluate_fn, max(int(period_epochs), 0), writer
+        self.at_start = at_start
         self.history = []
+
+    def before_train(self, trainer):
+        if self.at_start and trainer.start_iter == 0:
+            results = self.evaluate_fn(trainer.model)
+            record = {"iteration": -1, "epoch": 0}
+            for dataset, metrics in results.items():
+                record.update({"%s/%s" % (dataset, k): v for k, v in metrics.items()})
+            self.writer.write(record)
+            trainer.initial_results = results
 
     def _run(self, trainer):
         results = self.evaluate_fn(trainer.model)
@@ -133,7 +143,7 @@ def default_hooks(trainer, evaluate_fn=None, progress=True):
     writer = MetricsWriter(cfg.OUTPUT_DIR)
     hooks = [MetricsLogger(writer, cfg.LOG_PERIOD), PeriodicCheckpointer(cfg.SOLVER.CHECKPOINT_PERIOD)]
     if evaluate_fn is not None:
-        hooks.append(Evaluator(evaluate_fn, cfg.TEST.EVAL_PERIOD, writer))
+        hooks.append(Evaluator(evaluate_fn, cfg.TEST.EVAL_PERIOD, writer, at_start=cfg.TEST.EVAL_AT_START))
     hooks.append(CurvePlotter(writer.path, os.path.join(cfg.OUTPUT_DIR, "curves.png")))
     if progress:
         hooks.insert(0, ProgressBar())

@@ -88,6 +88,10 @@ def train(cfg, resume=False, progress=True):
     evaluate_fn = build_evaluate_fn(cfg) if len(cfg.DATASETS.TESTS) else None
     trainer.hooks = default_hooks(trainer, evaluate_fn, progress=progress)
     trainer.train()
+    if getattr(trainer, "initial_results", None):
+        print("before training:")
+        print(format_results_table(trainer.initial_results))
     if getattr(trainer, "last_results", None):
+        print("after training:")
         print(format_results_table(trainer.last_results))
     return trainer

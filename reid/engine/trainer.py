@@ -165,9 +165,8 @@ class Trainer:
             with bn_mode(model, mode):
                 if fast is None:
                     out = model(batch["images"])
-                else:
-                    grads, alpha = fast
-                    weights = {n: p - (alpha * r) * g for n, p, g, r in zip(names, params, grads, self.step_ratio)}
+                else:  # fast = the detached steps α·r·g, so only `p - step` is recorded for differentiation
+                    weights = {n: p - step for n, p, step in zip(names, params, fast)}
                     with fast_weights(model, weights):
                         out = model(batch["images"])
             total, terms = objective(kind, out, self._batch_view(batch), cfg, self.offsets, self.num_splits)
@@ -209,9 +208,8 @@ class Trainer:
         loss_mtr, terms_mtr, g_mtr = compat.value_and_grad(self._loss_fn("mtrain", mtr), self.params)()
         self._check(loss_mtr, "meta-train")
         alpha = self.schedule.lr_at(self.iter)
-        detached = [g.detach() for g in g_mtr]
-        loss_mte, terms_mte, g_mte = compat.value_and_grad(
-            self._loss_fn("mtest", mte, fast=(detached, alpha)), self.params)()
+        steps = [g.detach() * (alpha * r) for g, r in zip(g_mtr, self.step_ratio)]
+        loss_mte, terms_mte, g_mte = compat.value_and_grad(self._loss_fn("mtest", mte, fast=steps), self.params)()
         self._check(loss_mte, "meta-test")
         grads = [a + b for a, b in zip(g_mtr, g_mte)]
         self.optimizer_meta.step(self._clip(self._drop_unused(grads, range(num_domains))))
