@@ -7,7 +7,15 @@ returns `(loss, aux, grads)`: the detached loss, the detached aux structure and 
 Parameters that the loss does not reach get a zero gradient on both backends (MindSpore cannot tell "unused"
 from "zero"); callers that need torch's "None = skip" semantics track usage themselves.
 Side effects inside `fn` (running-statistics updates) happen exactly once per call on both backends.
+
+Speed on MindSpore 2.0 PyNative: the grad executor caches the backward graph of a differentiated function
+under the function's name/qualname. When one name is seen with a different op sequence, it switches the whole
+process to its "dynamic shape" path for good (every later backward, of any function, about 2x slower). So the
+wrapper below carries `fn`'s name, and callers give functions that build different graphs different names
+(e.g. one per training-step kind); a closure created afresh each step under the same name is fine.
 """
+import functools
+
 import compat as _c
 from compat.tensor import detach_tree
 
@@ -46,6 +54,7 @@ def _ms_value_and_grad(fn, params):
 
     # aux leaves through a side channel: mindspore's has_aux rejects nested outputs, and PyNative runs the
     # forward exactly once per call, so the closure sees the values of this call.
+    @functools.wraps(fn)  # MindSpore keys its grad-graph cache by this name (see the module docstring)
     def loss_only(*args, **kwargs):
         loss, aux = _split(fn(*args, **kwargs))
         box["aux"] = aux

@@ -153,25 +153,37 @@ class Trainer:
         return grads
 
     # ------------------------------------------------------------------ steps
-    def _batch_view(self, batch):
-        return {"targets": batch["targets"], "domains": batch["domains"]}
+    def _step_loss(self, kind, batch, fast=None):
+        """(loss, terms, grads) of one step kind on `batch` (fast: fast-weight steps for the meta-test).
 
-    def _loss_fn(self, kind, batch, fast=None):
+        Everything that changes from step to step (images, labels, fast-weight steps) goes into the
+        differentiated function as an argument, never captured: MindSpore treats captured tensors as graph
+        constants, and a constant whose value changes makes its cached backward graph dynamic
+        (compat/autograd.py)."""
         model, cfg = self.model, self.cfg
-        params, names = self.params, self.param_names
+        names = self.param_names
+        mode = "general" if kind == "basic" else "hold"
 
-        def fn():
-            mode = "general" if kind == "basic" else "hold"
+        def fn(images, targets, domains, *steps):
             with bn_mode(model, mode):
-                if fast is None:
-                    out = model(batch["images"])
-                else:  # fast = the detached steps α·r·g, so only `p - step` is recorded for differentiation
-                    weights = {n: p - step for n, p, step in zip(names, params, fast)}
+                if not steps:
+                    out = model(images)
+                else:  # steps = the detached α·r·g, so only `p - step` is recorded for differentiation
+                    weights = {n: p - step for n, p, step in zip(names, self.params, steps)}
                     with fast_weights(model, weights):
-                        out = model(batch["images"])
-            total, terms = objective(kind, out, self._batch_view(batch), cfg, self.offsets, self.num_splits)
-            return total, terms
-        return fn
+                        out = model(images)
+            return objective(kind, out, {"targets": targets, "domains": domains}, cfg, self.offsets,
+                             self.num_splits)
+        # One name per graph structure: MindSpore caches backward graphs by function name (compat/autograd.py).
+        # The structure depends on the step kind and on which domains each DataParallel chunk holds.
+        fn.__name__ = fn.__qualname__ = "%s_loss_%s" % (kind, self._domain_signature(batch))
+        args = (batch["images"], batch["targets"], batch["domains"]) + tuple(fast or ())
+        return compat.value_and_grad(fn, self.params)(*args)
+
+    def _domain_signature(self, batch):
+        domains = compat.to_numpy(batch["domains"])
+        chunks = np.split(domains, self.num_splits) if len(domains) % self.num_splits == 0 else [domains]
+        return "_".join("".join(str(d) for d in np.unique(c)) for c in chunks)
 
     def _check(self, loss, kind):
         if not _finite(loss):
@@ -188,7 +200,7 @@ class Trainer:
 
     def basic_step(self):
         batch = next(self.data.combined)
-        loss, terms, grads = compat.value_and_grad(self._loss_fn("basic", batch), self.params)()
+        loss, terms, grads = self._step_loss("basic", batch)
         self._check(loss, "basic")
         present = set(np.unique(compat.to_numpy(batch["domains"])).tolist())
         absent = [d for d in range(len(self.offsets)) if d not in present]
@@ -196,6 +208,11 @@ class Trainer:
         self.step_log.append((self.iter, "basic", _scalar(loss)))
         self.last_terms.update({k: _scalar(v) for k, v in terms.items()})
         self.last_terms["loss_basic"] = _scalar(loss)
+
+    def fast_weight_steps(self, grads):
+        """α·r·g per parameter (detached: first-order), α the meta optimizer's lr of this iteration."""
+        alpha = self.schedule.lr_at(self.iter)
+        return [g.detach() * (alpha * r) for g, r in zip(grads, self.step_ratio)]
 
     def meta_step(self):
         num_domains = len(self.offsets)
@@ -205,11 +222,10 @@ class Trainer:
         mtr = {k: compat.torch.cat([p[k] for p in parts], 0) for k in ("images", "targets", "domains")}
         mte = next(self.data.domains[test_domain])
 
-        loss_mtr, terms_mtr, g_mtr = compat.value_and_grad(self._loss_fn("mtrain", mtr), self.params)()
+        loss_mtr, terms_mtr, g_mtr = self._step_loss("mtrain", mtr)
         self._check(loss_mtr, "meta-train")
-        alpha = self.schedule.lr_at(self.iter)
-        steps = [g.detach() * (alpha * r) for g, r in zip(g_mtr, self.step_ratio)]
-        loss_mte, terms_mte, g_mte = compat.value_and_grad(self._loss_fn("mtest", mte, fast=steps), self.params)()
+        steps = self.fast_weight_steps(g_mtr)
+        loss_mte, terms_mte, g_mte = self._step_loss("mtest", mte, fast=steps)
         self._check(loss_mte, "meta-test")
         grads = [a + b for a, b in zip(g_mtr, g_mte)]
         self.optimizer_meta.step(self._clip(self._drop_unused(grads, range(num_domains))))
@@ -219,16 +235,25 @@ class Trainer:
         self.last_terms.update({"meta/loss_mtrain": _scalar(loss_mtr), "meta/loss_mtest": _scalar(loss_mte),
                                 "meta/test_domain": test_domain})
 
-    def run_iteration(self):
-        lr = self.schedule.lr_at(self.iter)
+    def iteration_plan(self, iteration):
+        """The steps iteration `iteration` runs: INITIAL_BASIC_STEPS basic steps at 0, else one, then a meta
+        step every META.PERIOD iterations."""
+        plan = ["basic"] * (int(self.cfg.META.INITIAL_BASIC_STEPS) if iteration == 0 else 1)
+        if self.meta and iteration % int(self.cfg.META.PERIOD) == 0:
+            plan.append("meta")
+        return plan
+
+    def set_lr(self, iteration):
+        lr = self.schedule.lr_at(iteration)
         self.optimizer.set_lr(lr)
         self.optimizer_meta.set_lr(lr)
-        basic_steps = int(self.cfg.META.INITIAL_BASIC_STEPS) if self.iter == 0 else 1
-        for _ in range(basic_steps):
-            self.basic_step()
-        if self.meta and self.iter % int(self.cfg.META.PERIOD) == 0:
-            self.meta_step()
         self.last_terms["lr"] = lr
+        return lr
+
+    def run_iteration(self):
+        self.set_lr(self.iter)
+        for kind in self.iteration_plan(self.iter):
+            self.basic_step() if kind == "basic" else self.meta_step()
 
     # ------------------------------------------------------------------ loop
     def train(self, max_iter=None):

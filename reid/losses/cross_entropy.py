@@ -7,7 +7,6 @@ local labels, times `scale`, and averages over the domains present in the batch.
 """
 import numpy as np
 
-import compat
 from compat import F
 from compat.errors import UserError
 from reid.losses.utils import host_ints
@@ -20,13 +19,16 @@ def _smoothed_targets(local_labels, num_classes, epsilon):
     return onehot * (1.0 - epsilon) + (1.0 - onehot) * (epsilon / (num_classes - 1))
 
 
+def _per_sample_loss(logits, targets, epsilon):
+    log_probs = F.log_softmax(logits, dim=1)
+    return (-_smoothed_targets(targets, int(logits.shape[1]), float(epsilon)) * log_probs).sum(1)
+
+
 def cross_entropy_loss(logits, targets, epsilon=0.1):
     """fast-reid CE with label smoothing on one classifier: `logits` (N, C), `targets` (N,) in [0, C)."""
     if not 0.0 <= float(epsilon) < 1.0:
         raise UserError("MODEL.LOSSES.CE.EPSILON must be in [0, 1), got %r" % (epsilon,))
-    num_classes = int(logits.shape[1])
-    log_probs = F.log_softmax(logits, dim=1)
-    per_sample = (-_smoothed_targets(targets, num_classes, float(epsilon)) * log_probs).sum(1)
+    per_sample = _per_sample_loss(logits, targets, epsilon)
     # the divisor is a count of the (detached) non-zero per-sample losses, as in the original's no_grad block
     non_zero = (per_sample.detach() != 0).float().sum().clamp(min=1.0)
     return per_sample.sum() / non_zero
@@ -54,15 +56,20 @@ def cross_entropy_per_domain(logits_list, targets, domains, offsets, epsilon=0.1
     for d in present:
         if not 0 <= d < len(logits_list):
             raise UserError("domain id %d has no classifier (there are %d source domains)" % (d, len(logits_list)))
-        rows = np.nonzero(dom == d)[0]
-        local = tgt[rows] - int(offsets[d])
+        local = tgt[dom == d] - int(offsets[d])
         num_classes = int(logits_list[d].shape[1])
         if local.min() < 0 or local.max() >= num_classes:
             raise UserError("labels of domain %d fall outside its classifier's %d classes after subtracting offset "
                             "%d; training labels must be relabelled domain by domain in DATASETS.NAMES order"
                             % (d, num_classes, int(offsets[d])))
-        logits_d = logits_list[d].index_select(0, compat.as_tensor(rows.astype(np.int64)))
-        term = cross_entropy_loss(logits_d, compat.as_tensor(local.astype(np.int64)), epsilon) * scale
+        # Every row goes through the classifier and the rows of other domains are masked out, instead of
+        # selecting the domain's rows: the graph keeps its shapes whatever the batch holds, which MindSpore's
+        # cached backward needs (compat/autograd.py); the loss and its gradients are the same.
+        mask = (domains == d).long()
+        per_sample = _per_sample_loss(logits_list[d], (targets.long() - int(offsets[d])) * mask, epsilon)
+        per_sample = per_sample * mask.float()
+        non_zero = (per_sample.detach() != 0).float().sum().clamp(min=1.0)
+        term = per_sample.sum() / non_zero * scale
         total = term if total is None else total + term
     loss = total / len(present)
     return (loss, present) if return_present else loss

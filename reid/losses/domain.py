@@ -9,11 +9,14 @@ CENTROIDS = ("scalar", "vector")
 
 
 def _domain_masks(domains):
-    """[(domain id, (N,) float mask, count)] for the domains present, in increasing id order."""
+    """[(domain id, (N,) float mask, count)] for the domains present, in increasing id order. The count is a
+    tensor computed from the mask, not a host number: constants whose value changes from batch to batch would
+    make MindSpore's cached backward graph dynamic (compat/autograd.py)."""
     dom = host_ints(domains, "domains")
     out = []
     for d in sorted(set(dom.tolist())):
-        out.append((int(d), (domains == int(d)).float(), float((dom == d).sum())))
+        mask = (domains == int(d)).float()
+        out.append((int(d), mask, mask.sum()))
     return out
 
 

@@ -115,6 +115,18 @@ def meta_triplet_masks(targets, domains, mode):
     return is_pos.astype(np.float32), is_neg.astype(np.float32)
 
 
+def _meta_masks(targets, domains, mode):
+    """`meta_triplet_masks` as tensor ops on the label tensors (numpy masks turned into tensors inside a
+    differentiated function are constants whose value changes per batch, which makes MindSpore's cached
+    backward graph dynamic; see compat/autograd.py)."""
+    same_id = _same(targets)
+    if mode in ("mtrain", "mtest"):
+        return same_id, 1.0 - same_id
+    other_domain = 1.0 - _same(domains)
+    eye = compat.as_tensor(np.eye(int(targets.shape[0]), dtype=np.float32))  # same value every call: a fine constant
+    return eye + other_domain, (1.0 - same_id) * (1.0 - other_domain)  # self and other domains never overlap
+
+
 def triplet_loss_meta(embedding, targets, domains=None, mode="mtrain", margin=None, norm_feat=False,
                       hard_mining=True):
     """MetaBIN/ACL `triplet_loss_Meta` (Euclidean distance, 'logistic' loss type).
@@ -138,7 +150,7 @@ def triplet_loss_meta(embedding, targets, domains=None, mode="mtrain", margin=No
     if norm_feat:
         embedding = normalize(embedding, axis=-1)
     dist = euclidean_dist(embedding, embedding)
-    is_pos, is_neg = compat.as_tensor(pos_np), compat.as_tensor(neg_np)
+    is_pos, is_neg = _meta_masks(targets, domains, mode)
     mine = meta_hard_example_mining if hard_mining else weighted_example_mining
     dist_ap, dist_an = mine(dist, is_pos, is_neg)
     return _ranking_loss(dist_an, dist_ap, float(margin))
