@@ -17,13 +17,14 @@ def build_parser(description, training):
     else:
         p.add_argument("--vis-rank", type=int, default=0, metavar="N",
                        help="write PNG rank lists (top-10) for N queries per test dataset")
-    p.add_argument("opts", nargs=argparse.REMAINDER, help="KEY VALUE pairs overriding the config, e.g. SOLVER.BASE_LR 0.01")
+    p.add_argument("opts", nargs="*", metavar="KEY VALUE",
+                   help="config overrides, e.g. SOLVER.BASE_LR 0.01 (flags may come before or after them)")
     return p
 
 
 def parse_args(description, training, argv=None):
     """Parse the command line and select the backend before anything imports `compat`."""
-    args = build_parser(description, training).parse_args(argv)
+    args = build_parser(description, training).parse_intermixed_args(argv)
     if args.backend:
         os.environ["REID_BACKEND"] = args.backend
     if args.help_config:
@@ -95,3 +96,70 @@ def train(cfg, resume=False, progress=True):
         print("after training:")
         print(format_results_table(trainer.last_results))
     return trainer
+
+
+def num_classes_in_state(state):
+    """Per-domain class counts of a saved model (from its classifier shapes), or None."""
+    counts = {}
+    for key, value in state.items():
+        parts = key.split(".")
+        if len(parts) == 4 and parts[:2] == ["heads", "classifiers"] and parts[3] == "weight":
+            counts[int(parts[2])] = int(value.shape[0])
+    return [counts[d] for d in sorted(counts)] if counts else None
+
+
+def build_eval_model(cfg):
+    """The model described by cfg with MODEL.WEIGHTS loaded (class counts taken from the weights)."""
+    import compat
+    from compat.errors import UserError
+    from reid.engine.checkpointer import model_state_from_file
+    from reid.modeling import build_model
+
+    if not cfg.MODEL.WEIGHTS:
+        raise UserError("test.py needs trained weights: add MODEL.WEIGHTS path/to/model_final.pth")
+    state = model_state_from_file(cfg.MODEL.WEIGHTS)
+    counts = num_classes_in_state(state)
+    if counts and counts != list(cfg.MODEL.HEADS.NUM_CLASSES):
+        cfg.defrost()
+        cfg.MODEL.HEADS.NUM_CLASSES = counts
+        cfg.freeze()
+    compat.set_device(cfg.MODEL.DEVICE)
+    model = compat.to_device(build_model(cfg))
+    try:
+        compat.checkpoint.load_state_dict(model, state)
+    except UserError as exc:
+        raise UserError("%s does not fit the model of this config (%s); use the config the weights were trained "
+                        "with (OUTPUT_DIR/config.yaml)" % (cfg.MODEL.WEIGHTS, exc)) from None
+    model.eval()
+    return model
+
+
+def test(cfg, vis_rank=0):
+    """Evaluate MODEL.WEIGHTS on DATASETS.TESTS; print the table, write OUTPUT_DIR/eval/results.json and,
+    with vis_rank > 0, rank-list PNGs under OUTPUT_DIR/eval/rank_lists/<dataset>/."""
+    import json
+
+    import compat
+    from reid.evaluation import format_results_table, save_rank_lists
+
+    model = build_eval_model(cfg)
+    print("backend %(backend)s (%(torch_api)s %(torch_api_version)s on %(framework)s %(framework_version)s), "
+          "device %(device)s" % compat.info())
+    print("weights %s" % cfg.MODEL.WEIGHTS)
+    evaluate_fn = build_evaluate_fn(cfg)
+    results, details = evaluate_fn(model, return_details=True)
+    out_dir = os.path.join(cfg.OUTPUT_DIR, "eval")
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, "results.json")
+    with open(path + ".tmp", "w") as fh:
+        json.dump({"weights": cfg.MODEL.WEIGHTS, "backend": compat.BACKEND, "results": results}, fh, indent=2,
+                  sort_keys=True)
+    os.replace(path + ".tmp", path)
+    print(format_results_table(results))
+    print("results written to %s" % path)
+    if vis_rank > 0:
+        for name, (distmat, qrec, grec) in details.items():
+            written = save_rank_lists(os.path.join(out_dir, "rank_lists", name), distmat, qrec, grec, topk=10,
+                                      num_queries=vis_rank)
+            print("%d rank lists written to %s" % (len(written), os.path.dirname(written[0]) if written else out_dir))
+    return results

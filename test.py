@@ -1,0 +1,16 @@
+#!/usr/bin/env python
+"""Evaluate trained weights on the configured target domain(s).
+
+    python test.py --config-file output/synthetic/acl/config.yaml MODEL.WEIGHTS output/synthetic/acl/model_final.pth
+        [--backend torch] [--vis-rank 8] [KEY VALUE ...]
+"""
+from reid.engine.launch import parse_args, setup_cfg, test
+
+
+def main(argv=None):
+    args = parse_args(__doc__, training=False, argv=argv)
+    test(setup_cfg(args), vis_rank=args.vis_rank)
+
+
+if __name__ == "__main__":
+    main()
