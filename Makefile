@@ -10,7 +10,7 @@ TORCH_PY := .venv-torch/bin/python
 PYTEST_ARGS ?=
 DEMO_CONFIG ?= configs/synthetic/acl.yml
 
-.PHONY: setup setup-ms setup-torch demo test test-ms test-torch bench clean-venvs
+.PHONY: setup setup-ms setup-torch demo test bench clean-venvs
 
 setup: setup-ms setup-torch
 setup-ms: .venv/.reqs-stamp
@@ -40,6 +40,8 @@ bench: setup
 	REID_BACKEND=mindspore $(MS_PY) bench/model.py
 	REID_BACKEND=mindspore $(MS_PY) bench/train_step.py
 	REID_BACKEND=mindspore $(MS_PY) bench/eval.py
+	REID_BACKEND=mindspore $(MS_PY) bench/optim_step.py
+	REID_BACKEND=torch $(TORCH_PY) bench/optim_step.py
 
 clean-venvs:
 	rm -rf .venv .venv-torch

@@ -1,30 +1,30 @@
 """Speed of the ACL network, MindSpore vs torch, measured in one run (one backend after the other, so they
 never share the CPU): train-mode forward and forward+backward time per image at full size (BASE_WIDTH 64,
 256x128, batch 8, Protocol-2 class counts) and at demo size (configs/synthetic/acl.yml: BASE_WIDTH 8,
-128x64, batch 64, NUM_SPLITS 4). Prints seconds per image and the MindSpore/torch ratio.
+64x32, batch 64, NUM_SPLITS 1). Prints seconds per image and the MindSpore/torch ratio.
 
     python bench/model.py [--sizes demo,full] [--repeats 3]
 
 Run it from either environment; the other backend runs in its own virtual environment (tests/crossenv.py).
 """
-import argparse
 import os
 import sys
-import time
 
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from bench.timing import layer_name, median_seconds, on_both_backends, size_args  # noqa: E402
+
 SIZES = {
-    "demo": dict(width=8, height=128, batch=64, splits=4, classes=[100, 100, 100]),
+    "demo": dict(width=8, height=64, batch=64, splits=1, classes=[100, 100, 100]),
     "full": dict(width=64, height=256, batch=8, splits=1, classes=[11934, 751, 1041]),
 }
 
 
 def measure(width, height, batch, splits, classes, repeats):
-    """Seconds per batch (mean over `repeats` after one warm-up) of a train-mode forward and of a forward +
+    """Seconds per batch (median of `repeats` after one warm-up) of a train-mode forward and of a forward +
     backward w.r.t. every trainable parameter through compat.value_and_grad."""
     import compat
     from reid.config import get_cfg
@@ -54,31 +54,17 @@ def measure(width, height, batch, splits, classes, repeats):
         _, _, grads = grad_fn(images)
         return compat.to_numpy(grads[0])
 
-    result = {}
-    for name, fn in (("forward", forward), ("forward+backward", forward_backward)):
-        fn()
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - start)
-        result[name] = float(np.mean(times))
-    result["backend"] = compat.info()["backend"]
-    result["layer"] = "%s %s" % (compat.info()["torch_api"], compat.info()["torch_api_version"])
+    result = median_seconds((("forward", forward), ("forward+backward", forward_backward)), repeats)
+    result["layer"] = layer_name()
     return result
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="demo,full", help="comma-separated: %s" % ", ".join(SIZES))
-    parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
-    from tests.crossenv import run_cases
+    args = size_args(__doc__, SIZES)
     rows = []
     for size in args.sizes.split(","):
         spec = dict(SIZES[size], repeats=args.repeats)
-        got = {backend: run_cases(backend, [("bench.model:measure", spec)], timeout=3600)[0]
-               for backend in ("mindspore", "torch")}
+        got = on_both_backends("bench.model:measure", spec)
         rows.append((size, spec, got))
         for name in ("forward", "forward+backward"):
             ms, tr = got["mindspore"][name] / spec["batch"], got["torch"][name] / spec["batch"]

@@ -1,0 +1,66 @@
+"""Seconds per ACL training step, MindSpore vs torch, measured in one run (one backend after the other, so they
+never share the CPU): a basic step (forward + backward + SGD on the combined batch) and a meta step (meta-train
+forward/backward, fast weights, meta-test forward/backward at θ', meta SGD), through the real Trainer.
+
+Sizes: demo (configs/synthetic/acl.yml: BASE_WIDTH 8, 64x32, batch 64, meta batches 2x32 + 32, NUM_SPLITS 1)
+and full (BASE_WIDTH 64, 256x128, batch 16, meta batches 2x8 + 8, NUM_SPLITS 1). Data: a small synthetic set
+(augmentation off, loader in the main process; reading and resizing the images is part of each step, about
+1% of it). Class counts come from that data, so the full-size head is smaller than Protocol-2's.
+
+    python bench/train_step.py [--sizes demo,full] [--repeats 3]
+"""
+import os
+import sys
+import tempfile
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from bench.timing import layer_name, median_seconds, on_both_backends, size_args  # noqa: E402
+
+SIZES = {
+    "demo": ["MODEL.BACKBONE.BASE_WIDTH", "8", "INPUT.SIZE_TRAIN", "[64,32]", "SOLVER.IMS_PER_BATCH", "64",
+             "META.IMS_PER_DOMAIN", "32", "MODEL.NUM_SPLITS", "1"],
+    "full": ["MODEL.BACKBONE.BASE_WIDTH", "64", "INPUT.SIZE_TRAIN", "[256,128]", "SOLVER.IMS_PER_BATCH", "16",
+             "META.IMS_PER_DOMAIN", "8", "MODEL.NUM_SPLITS", "1"],
+}
+COMMON = ["DATASETS.NAMES", "['SynthA','SynthB','SynthC']", "DATASETS.TESTS", "[]", "DATASETS.SYNTHETIC.NUM_IDS",
+          "80", "DATALOADER.NUM_WORKERS", "0", "INPUT.AUTOAUG.ENABLED", "False", "INPUT.FLIP.ENABLED", "False",
+          "INPUT.PADDING.ENABLED", "False", "INPUT.CJ.ENABLED", "False"]
+
+
+def measure(overrides, root, repeats):
+    from reid.config import load_cfg
+    from reid.engine.trainer import Trainer
+    cfg = load_cfg(os.path.join(ROOT, "configs", "synthetic", "acl.yml"),
+                   COMMON + overrides + ["DATASETS.ROOT", root, "OUTPUT_DIR", os.path.join(root, "out")])
+    trainer = Trainer(cfg, quiet=True)
+    trainer.iter = 1
+    result = median_seconds((("basic", trainer.basic_step), ("meta", trainer.meta_step)), repeats)
+    result["layer"] = layer_name()
+    return result
+
+
+def main():
+    args = size_args(__doc__, SIZES)
+    from reid.data.synthetic import ensure_synthetic
+    with tempfile.TemporaryDirectory(prefix="bench-train-") as root:
+        ensure_synthetic(os.path.join(root, "synthetic"), seed=0, num_ids=80, domains=["SynthA", "SynthB", "SynthC"],
+                         progress=False)
+        layers = {}
+        for size in args.sizes.split(","):
+            got = on_both_backends("bench.train_step:measure",
+                                   dict(overrides=SIZES[size], root=root, repeats=args.repeats))
+            for backend in got:
+                layers[backend] = got[backend]["layer"]
+            for step in ("basic", "meta"):
+                ms, tr = got["mindspore"][step], got["torch"][step]
+                print("%-4s %-5s step   MindSpore %7.2f s   torch %7.2f s   ratio %5.2fx" % (size, step, ms, tr, ms / tr),
+                      flush=True)
+    print("MindSpore: %s; torch: %s" % (layers["mindspore"], layers["torch"]))
+
+
+if __name__ == "__main__":
+    main()
