@@ -1,6 +1,7 @@
 """What train.py and test.py do, as functions: command-line parsing shared by both, config setup, the
 training run, and evaluation on the configured target domains."""
 import argparse
+import faulthandler
 import os
 import sys
 
@@ -24,6 +25,9 @@ def build_parser(description, training):
 
 def parse_args(description, training, argv=None):
     """Parse the command line and select the backend before anything imports `compat`."""
+    # A crash in the framework's native code (seen once with MindSpore 2.0 PyNative on CPU, after ~190
+    # iterations) then still prints the Python stack; --resume continues from the last checkpoint.
+    faulthandler.enable()
     args = build_parser(description, training).parse_intermixed_args(argv)
     if args.backend:
         os.environ["REID_BACKEND"] = args.backend
