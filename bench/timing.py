@@ -19,11 +19,12 @@ def median_seconds(named_calls, repeats):
     return result
 
 
-def size_args(doc, sizes):
-    """The benchmarks' common command line: --sizes (comma-separated keys of `sizes`) and --repeats."""
+def size_args(doc, sizes, default=None):
+    """The benchmarks' common command line: --sizes (comma-separated keys of `sizes`; all unless `default`)
+    and --repeats."""
     import argparse
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
-    parser.add_argument("--sizes", default=",".join(sizes), help="comma-separated: %s" % ", ".join(sizes))
+    parser.add_argument("--sizes", default=default or ",".join(sizes), help="comma-separated: %s" % ", ".join(sizes))
     parser.add_argument("--repeats", type=int, default=3)
     return parser.parse_args()
 
