@@ -18,7 +18,7 @@ import compat
 from compat import nn, F, torch
 from compat.errors import UserError
 
-from reid.modeling.backbones.resnet import Bottleneck, check_stride, check_width, make_stage
+from reid.modeling.backbones.resnet import Bottleneck, add_stem_and_stages, check_stride, check_width, stem_forward
 from reid.modeling.layers import MetaBatchNorm, MetaConv2d, MetaGate, MetaIBN, MetaLinear
 
 ACL_MAIN_BLOCKS = (2, 3, 5, 2)   # ResNet-50's 3/4/6/3 minus the block each CODE block replaces
@@ -124,19 +124,13 @@ class ACLResNet(nn.Module):
         check_width(base_width, num_experts)
         check_stride(last_stride)
         self.base_width, self.with_ibn, self.num_experts, self.blocks = base_width, with_ibn, num_experts, tuple(blocks)
-        self.conv1 = MetaConv2d(3, base_width, 7, stride=2, padding=3)
-        self.bn1 = MetaBatchNorm(base_width)
-        inplanes = base_width
-        for i, (n, stride) in enumerate(zip(self.blocks, (1, 2, 2, last_stride))):
-            planes = base_width * 2 ** i
-            norm = "IBN" if with_ibn and i < 3 else "BN"
-            setattr(self, "layer%d" % (i + 1), make_stage(inplanes, planes, n, stride, norm))
-            inplanes = planes * Bottleneck.expansion
-            setattr(self, "code%d" % (i + 1), CODEBlock(inplanes, num_experts, with_ibn))
-        self.feat_dim = inplanes
+
+        def add_code_block(i, channels):
+            setattr(self, "code%d" % (i + 1), CODEBlock(channels, num_experts, with_ibn))
+        self.feat_dim = add_stem_and_stages(self, base_width, last_stride, with_ibn, self.blocks, add_code_block)
 
     def forward(self, x):
-        x = F.max_pool2d(F.relu(self.bn1(self.conv1(x))), 3, 2, 0, 1, True)
+        x = stem_forward(self, x)
         x, w1 = self.code1(self.layer1(x))
         x, w2 = self.code2(self.layer2(x))
         x, w3 = self.code3(self.layer3(x))

@@ -74,6 +74,27 @@ def check_stride(last_stride):
         raise UserError("MODEL.BACKBONE.LAST_STRIDE must be 1 or 2, got %r" % (last_stride,))
 
 
+def add_stem_and_stages(module, base_width, last_stride, with_ibn, blocks, after_stage=None):
+    """Register the stem (`conv1`, `bn1`) and the bottleneck stages `layer1..4` on `module` (IBN-a in stages
+    1-3 when with_ibn); `after_stage(i, channels)` runs after stage i is registered (ACL registers its CODE
+    block there, so parameter order is stage, block, stage, ...). Returns the output channels."""
+    module.conv1 = MetaConv2d(3, base_width, 7, stride=2, padding=3)
+    module.bn1 = MetaBatchNorm(base_width)
+    inplanes = base_width
+    for i, (n, stride) in enumerate(zip(blocks, (1, 2, 2, last_stride))):
+        planes = base_width * 2 ** i
+        norm = "IBN" if with_ibn and i < 3 else "BN"
+        setattr(module, "layer%d" % (i + 1), make_stage(inplanes, planes, n, stride, norm))
+        inplanes = planes * Bottleneck.expansion
+        if after_stage is not None:
+            after_stage(i, inplanes)
+    return inplanes
+
+
+def stem_forward(module, x):
+    return F.max_pool2d(F.relu(module.bn1(module.conv1(x))), 3, 2, 0, 1, True)
+
+
 class ResNet(nn.Module):
     """Plain ResNet-50 (optionally IBN-a in stages 1-3). forward(x) -> (feature map, None)."""
 
@@ -82,18 +103,10 @@ class ResNet(nn.Module):
         check_width(base_width)
         check_stride(last_stride)
         self.base_width, self.with_ibn, self.blocks = base_width, with_ibn, tuple(blocks)
-        self.conv1 = MetaConv2d(3, base_width, 7, stride=2, padding=3)
-        self.bn1 = MetaBatchNorm(base_width)
-        inplanes = base_width
-        for i, (n, stride) in enumerate(zip(self.blocks, (1, 2, 2, last_stride))):
-            planes = base_width * 2 ** i
-            norm = "IBN" if with_ibn and i < 3 else "BN"
-            setattr(self, "layer%d" % (i + 1), make_stage(inplanes, planes, n, stride, norm))
-            inplanes = planes * Bottleneck.expansion
-        self.feat_dim = inplanes
+        self.feat_dim = add_stem_and_stages(self, base_width, last_stride, with_ibn, self.blocks)
 
     def stem(self, x):
-        return F.max_pool2d(F.relu(self.bn1(self.conv1(x))), 3, 2, 0, 1, True)
+        return stem_forward(self, x)
 
     def forward(self, x):
         x = self.stem(x)
