@@ -93,21 +93,21 @@ class Evaluator(HookBase):
         self.at_start = at_start
         self.history = []
 
-    def before_train(self, trainer):
-        if self.at_start and trainer.start_iter == 0:
-            results = self.evaluate_fn(trainer.model)
-            record = {"iteration": -1, "epoch": 0}
-            for dataset, metrics in results.items():
-                record.update({"%s/%s" % (dataset, k): v for k, v in metrics.items()})
-            self.writer.write(record)
-            trainer.initial_results = results
-
-    def _run(self, trainer):
+    def _evaluate(self, trainer, iteration, epoch):
+        """Evaluate and log one metrics.json record ("<dataset>/<metric>" keys); returns (results, record)."""
         results = self.evaluate_fn(trainer.model)
-        record = {"iteration": trainer.iter, "epoch": completed_epochs(trainer)}
+        record = {"iteration": iteration, "epoch": epoch}
         for dataset, metrics in results.items():
             record.update({"%s/%s" % (dataset, k): v for k, v in metrics.items()})
         self.writer.write(record)
+        return results, record
+
+    def before_train(self, trainer):
+        if self.at_start and trainer.start_iter == 0:
+            trainer.initial_results = self._evaluate(trainer, -1, 0)[0]
+
+    def _run(self, trainer):
+        results, record = self._evaluate(trainer, trainer.iter, completed_epochs(trainer))
         self.history.append(record)
         path = os.path.join(trainer.output_dir, "results.json")
         tmp = path + ".tmp"

@@ -24,14 +24,16 @@ def _per_sample_loss(logits, targets, epsilon):
     return (-_smoothed_targets(targets, int(logits.shape[1]), float(epsilon)) * log_probs).sum(1)
 
 
+def _mean_over_non_zero(per_sample):
+    # the divisor is a count of the (detached) non-zero per-sample losses, as in the original's no_grad block
+    return per_sample.sum() / (per_sample.detach() != 0).float().sum().clamp(min=1.0)
+
+
 def cross_entropy_loss(logits, targets, epsilon=0.1):
     """fast-reid CE with label smoothing on one classifier: `logits` (N, C), `targets` (N,) in [0, C)."""
     if not 0.0 <= float(epsilon) < 1.0:
         raise UserError("MODEL.LOSSES.CE.EPSILON must be in [0, 1), got %r" % (epsilon,))
-    per_sample = _per_sample_loss(logits, targets, epsilon)
-    # the divisor is a count of the (detached) non-zero per-sample losses, as in the original's no_grad block
-    non_zero = (per_sample.detach() != 0).float().sum().clamp(min=1.0)
-    return per_sample.sum() / non_zero
+    return _mean_over_non_zero(_per_sample_loss(logits, targets, epsilon))
 
 
 def cross_entropy_per_domain(logits_list, targets, domains, offsets, epsilon=0.1, scale=0.5, return_present=False):
@@ -67,9 +69,7 @@ def cross_entropy_per_domain(logits_list, targets, domains, offsets, epsilon=0.1
         # cached backward needs (compat/autograd.py); the loss and its gradients are the same.
         mask = (domains == d).long()
         per_sample = _per_sample_loss(logits_list[d], (targets.long() - int(offsets[d])) * mask, epsilon)
-        per_sample = per_sample * mask.float()
-        non_zero = (per_sample.detach() != 0).float().sum().clamp(min=1.0)
-        term = per_sample.sum() / non_zero * scale
+        term = _mean_over_non_zero(per_sample * mask.float()) * scale
         total = term if total is None else total + term
     loss = total / len(present)
     return (loss, present) if return_present else loss

@@ -7,7 +7,7 @@ import numpy as np
 import compat
 from compat import torch
 from compat.errors import UserError
-from reid.losses.utils import cosine_dist, euclidean_dist, host_ints, normalize
+from reid.losses.utils import cosine_dist, euclidean_dist, normalize
 
 _BIG = 1e9  # fast-reid's "not a candidate" offset for the min over negatives
 META_MODES = ("mtrain", "mtest", "add")
@@ -91,7 +91,9 @@ def triplet_loss(embedding, targets, margin=0.3, norm_feat=False, hard_mining=Tr
 
 
 def meta_triplet_masks(targets, domains, mode):
-    """Numpy (N, N) float32 positive/negative masks of `triplet_loss_Meta`.
+    """(N, N) float positive/negative mask tensors of `triplet_loss_Meta`, as tensor ops on the label tensors
+    (numpy masks turned into tensors inside a differentiated function are constants whose value changes per
+    batch, which makes MindSpore's cached backward graph dynamic; see compat/autograd.py).
 
     mtrain / mtest (pos_flag [1,0,0], neg_flag [0,1,1]): positives = same id (incl. self), negatives = other ids.
     add (pos_flag [0,0,1], neg_flag [0,1,0]): positives = self or another domain, negatives = same domain and
@@ -99,29 +101,14 @@ def meta_triplet_masks(targets, domains, mode):
     """
     if mode not in META_MODES:
         raise UserError("meta triplet mode must be one of %s, got %r" % (", ".join(META_MODES), mode))
-    tgt = host_ints(targets, "targets")
-    same_id = tgt[:, None] == tgt[None, :]
-    if mode in ("mtrain", "mtest"):
-        is_pos, is_neg = same_id, ~same_id
-    else:
-        if domains is None:
-            raise UserError("meta triplet mode 'add' needs the domain label of every sample")
-        dom = host_ints(domains, "domains")
-        if dom.shape != tgt.shape:
-            raise UserError("targets (%d) and domains (%d) must have one entry per sample" % (tgt.size, dom.size))
-        same_dom = dom[:, None] == dom[None, :]
-        is_pos = np.eye(tgt.size, dtype=bool) | ~same_dom
-        is_neg = ~same_id & same_dom
-    return is_pos.astype(np.float32), is_neg.astype(np.float32)
-
-
-def _meta_masks(targets, domains, mode):
-    """`meta_triplet_masks` as tensor ops on the label tensors (numpy masks turned into tensors inside a
-    differentiated function are constants whose value changes per batch, which makes MindSpore's cached
-    backward graph dynamic; see compat/autograd.py)."""
     same_id = _same(targets)
     if mode in ("mtrain", "mtest"):
         return same_id, 1.0 - same_id
+    if domains is None:
+        raise UserError("meta triplet mode 'add' needs the domain label of every sample")
+    if tuple(domains.shape) != tuple(targets.shape):
+        raise UserError("targets (%d) and domains (%d) must have one entry per sample"
+                        % (int(targets.numel()), int(domains.numel())))
     other_domain = 1.0 - _same(domains)
     eye = compat.as_tensor(np.eye(int(targets.shape[0]), dtype=np.float32))  # same value every call: a fine constant
     return eye + other_domain, (1.0 - same_id) * (1.0 - other_domain)  # self and other domains never overlap
@@ -141,8 +128,8 @@ def triplet_loss_meta(embedding, targets, domains=None, mode="mtrain", margin=No
         raise UserError("triplet_loss_meta expects (N, D) embeddings, got %d dims" % embedding.dim())
     if margin is None:
         margin = 0.0 if mode == "add" else 0.3
-    pos_np, neg_np = meta_triplet_masks(targets, domains, mode)
-    empty = np.nonzero(neg_np.sum(1) == 0)[0]
+    is_pos, is_neg = meta_triplet_masks(targets, domains, mode)
+    empty = np.nonzero(compat.to_numpy(is_neg.sum(1)) == 0)[0]
     if empty.size:
         raise UserError("meta triplet loss ('%s'): anchor %d has no negative (every sample of its %s shares its "
                         "identity); use more identities per (chunk of the) batch or a smaller MODEL.NUM_SPLITS"
@@ -150,7 +137,6 @@ def triplet_loss_meta(embedding, targets, domains=None, mode="mtrain", margin=No
     if norm_feat:
         embedding = normalize(embedding, axis=-1)
     dist = euclidean_dist(embedding, embedding)
-    is_pos, is_neg = _meta_masks(targets, domains, mode)
     mine = meta_hard_example_mining if hard_mining else weighted_example_mining
     dist_ap, dist_an = mine(dist, is_pos, is_neg)
     return _ranking_loss(dist_an, dist_ap, float(margin))
