@@ -29,6 +29,7 @@ import compat
 from compat.errors import UserError
 from compat.optim import SGD
 from compat.schedules import LRSchedule
+from reid.config import check_supported_values
 from reid.engine.checkpointer import Checkpointer, model_state_from_file
 from reid.engine.events import MetricsWriter, plot_curves
 from reid.engine.objectives import objective
@@ -75,6 +76,7 @@ class Trainer:
     iteration (`after_step`) and at the end (`after_train`)."""
 
     def __init__(self, cfg, resume=False, data=None, quiet=False):
+        check_supported_values(cfg)
         self.quiet = quiet
         self.output_dir = cfg.OUTPUT_DIR
         self.checkpointer = Checkpointer(self.output_dir)

@@ -24,6 +24,7 @@ def dataset_options(name, cfg):
     d = cfg.DATASETS
     if name == "CUHK03":
         opts["labeled"] = bool(d.CUHK03_LABELED)
+        opts["split"] = d.CUHK03_SPLIT
     if name in SYNTHETIC_DOMAINS:
         opts["seed"] = int(d.SYNTHETIC.SEED)
         opts["num_ids"] = int(d.SYNTHETIC.NUM_IDS)
@@ -32,7 +33,7 @@ def dataset_options(name, cfg):
 
 def build_dataset(name, root=None, cfg=None, **kwargs):
     """Instantiate registered dataset `name` under the resolved root (explicit > REID_DATA > cfg > 'datasets').
-    Options come from `cfg` (CUHK03_LABELED, SYNTHETIC.*) and are overridden by `kwargs` (``combineall``,
+    Options come from `cfg` (CUHK03_LABELED, CUHK03_SPLIT, SYNTHETIC.*) and are overridden by `kwargs` (``combineall``,
     ``domain``, ``labeled``, ...)."""
     cls = DATASET_REGISTRY.get(name)
     opts = dataset_options(name, cfg)
