@@ -21,6 +21,7 @@ import os
 
 import numpy as np
 
+from compat import checkpoint
 from compat.errors import UserError
 
 from reid.modeling.backbones.acl_resnet import ACLResNet
@@ -37,7 +38,6 @@ def read_checkpoint(path):
     if not os.path.isfile(path):
         raise UserError("pretrained weights %s do not exist; download resnet50_ibn_a-d9d0bb7b.pth (IBN-Net release "
                         "v1.0) and set MODEL.BACKBONE.PRETRAIN_PATH to it" % path)
-    from compat import checkpoint
     state = checkpoint.load(path)
     if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
         state = state["state_dict"]

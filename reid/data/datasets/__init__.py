@@ -6,6 +6,7 @@
 
 Registered names: Market1501, MSMT17, CUHK03 (CUHK03-NP labeled/detected), CUHKSYSU, SynthA..SynthD.
 """
+from compat.errors import UserError
 from reid.data.common import (MultiDomainTrainSet, combine_train_sets, read_image, verify_images)  # noqa: F401
 from reid.data.datasets.registry import DATASET_REGISTRY, resolve_root
 from reid.data.datasets.bases import ReidDataset, parse_market_dir  # noqa: F401
@@ -62,7 +63,6 @@ def build_test_set(name, cfg=None, root=None, verify=True):
     ds = build_dataset(name, root, cfg)
     query, gallery = ds.query, ds.gallery
     if not query or not gallery:
-        from compat.errors import UserError
         raise UserError("%s has no query/gallery images, so it cannot be a test set; remove it from "
                         "DATASETS.TESTS" % name)
     if verify:
