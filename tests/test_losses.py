@@ -1,4 +1,4 @@
-"""reid.losses on both backends against references written from the definitions (acl-dgreid.md C.4).
+"""reid.losses on both backends against references written from the definitions (docs/method.md#losses).
 
 Values: numpy float64 references with Python loops over rows. Gradients: real-torch autograd through
 loop-based versions of the originals (boolean-mask selection per row, whole-tensor max/min), compared with

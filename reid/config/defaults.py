@@ -1,6 +1,6 @@
 """Default configuration: the full-size ACL setup of the original (Protocol-2, M+MS+CS -> CUHK03).
 
-Values and their meaning follow ../shared/reference/acl-dgreid.md (sections B-E). Configs in configs/
+Values and their meaning follow docs/method.md (recipe: #recipe). Configs in configs/
 override them; the command line overrides those.
 """
 from yacs.config import CfgNode as CN
@@ -17,7 +17,7 @@ _C.MODEL.WEIGHTS = ""                # checkpoint to start from / evaluate
 _C.MODEL.PIXEL_MEAN = [123.675, 116.28, 103.53]   # ImageNet mean * 255 (inputs are 0..255)
 _C.MODEL.PIXEL_STD = [58.395, 57.12, 57.375]
 # Emulate the original's nn.DataParallel over 4 GPUs: BN statistics and losses per contiguous chunk
-# (acl-dgreid.md C.5). 1 = whole-batch semantics.
+# (docs/method.md#dataparallel). 1 = whole-batch semantics.
 _C.MODEL.NUM_SPLITS = 4
 
 _C.MODEL.BACKBONE = CN()

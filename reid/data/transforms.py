@@ -1,6 +1,6 @@
 """Image transforms on numpy/OpenCV/Pillow: HxWx3 RGB uint8 in, float32 3xHxW in 0..255 out (the model normalises).
 
-Training pipeline (acl-dgreid.md D.3, driven by cfg.INPUT):
+Training pipeline (docs/method.md#transforms, driven by cfg.INPUT):
   RandomApply(AutoAugment ImageNet policy, AUTOAUG.PROB) at the original size -> bicubic resize to SIZE_TRAIN
   -> pad PADDING.SIZE (constant 0) + random crop back to SIZE_TRAIN -> horizontal flip (FLIP.PROB)
   -> RandomApply(ColorJitter(CJ.*), CJ.PROB) -> HWC->CHW float32 -> random erasing (REA.*, off by default).

@@ -1,9 +1,9 @@
-"""The ACL training objectives (acl-dgreid.md C.3-C.5): which loss terms each step type adds up.
+"""The ACL training objectives (docs/method.md#basic-step, #meta-step): which loss terms each step adds up.
 
 Every objective maps the model's train-mode outputs and the batch to ``(total, terms)``: ``total`` is the
 scalar to differentiate and ``terms`` the individual (weighted) loss values for logging. With
 ``num_splits`` > 1 each term is computed per contiguous chunk and the chunk totals are averaged, which is
-what the original's nn.DataParallel over 4 GPUs did (C.5).
+what the original's nn.DataParallel over 4 GPUs did (docs/method.md#dataparallel).
 """
 import compat
 from reid.losses import (center_loss, cross_entropy_per_domain, domain_sct_loss, inter_cluster_loss,

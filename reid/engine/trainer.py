@@ -1,4 +1,4 @@
-"""The ACL trainer (acl-dgreid.md C.1-C.5): basic steps plus a first-order meta step every META.PERIOD
+"""The ACL trainer (docs/method.md#training): basic steps plus a first-order meta step every META.PERIOD
 iterations, two SGD optimizers on one warmup + cosine schedule.
 
 Iteration i runs ``INITIAL_BASIC_STEPS`` basic steps when i == 0, else one; then, when META is enabled and

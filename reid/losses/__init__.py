@@ -1,4 +1,4 @@
-"""ACL losses (acl-dgreid.md C.4): per-domain CE, triplet (basic and meta), SCT, cluster and center losses.
+"""ACL losses (docs/method.md#losses): per-domain CE, triplet (basic and meta), SCT, cluster and center losses.
 
 All take backend tensors and return a scalar tensor that is differentiable on both backends (works inside
 `compat.value_and_grad`). The per-chunk evaluation that emulates the original's 4-GPU DataParallel is the
