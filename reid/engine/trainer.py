@@ -20,7 +20,6 @@ the loss does not reach gets torch's ``grad is None`` and the optimizer leaves i
 of source domains absent from a basic batch, and all classifiers in meta steps.
 """
 import math
-import os
 import time
 
 import numpy as np
@@ -31,7 +30,6 @@ from compat.optim import SGD
 from compat.schedules import LRSchedule
 from reid.config import check_supported_values
 from reid.engine.checkpointer import Checkpointer, model_state_from_file
-from reid.engine.events import MetricsWriter, plot_curves
 from reid.engine.objectives import objective
 from reid.modeling import bn_mode, build_model, fast_weights
 from reid.modeling.layers import MetaBatchNorm, MetaInstanceNorm
