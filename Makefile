@@ -30,9 +30,11 @@ setup-torch: .venv-torch/.reqs-stamp
 demo: setup-ms
 	REID_BACKEND=mindspore $(MS_PY) train.py --config-file $(DEMO_CONFIG)
 
-# The whole suite on both backends. Cross-backend parity tests run from the MindSpore side and call the
-# torch environment for the reference numbers; the torch run repeats the backend-neutral tests on torch.
+# Lint (ruff from the torch env, configured in pyproject.toml), then the whole suite on both backends.
+# Cross-backend parity tests run from the MindSpore side and call the torch environment for the reference
+# numbers; the torch run repeats the backend-neutral tests on torch.
 test: setup
+	.venv-torch/bin/ruff check .
 	REID_BACKEND=mindspore $(MS_PY) -m pytest tests -q $(PYTEST_ARGS)
 	REID_BACKEND=torch $(TORCH_PY) -m pytest tests -q -m "not parity" $(PYTEST_ARGS)
 

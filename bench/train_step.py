@@ -16,8 +16,6 @@ import os
 import sys
 import tempfile
 
-import numpy as np
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
@@ -62,8 +60,8 @@ def main():
                 layers[backend] = got[backend]["layer"]
             for step in ("basic", "meta"):
                 ms, tr = got["mindspore"][step], got["torch"][step]
-                print("%-7s %-5s step   MindSpore %7.2f s   torch %7.2f s   ratio %5.2fx" % (size, step, ms, tr, ms / tr),
-                      flush=True)
+                print("%-7s %-5s step   MindSpore %7.2f s   torch %7.2f s   ratio %5.2fx"
+                      % (size, step, ms, tr, ms / tr), flush=True)
     print("MindSpore: %s; torch: %s" % (layers["mindspore"], layers["torch"]))
 
 

@@ -3,36 +3,67 @@
 ``reid`` code writes ordinary PyTorch (``nn.Module``, ``forward``, ``F.conv2d`` ...) against the names exported
 here, and calls the helpers below wherever MindSpore's torch-API layer differs from PyTorch: gradients,
 optimizers, schedules, norm layers with correct running statistics, custom backward, checkpoint I/O, loaders.
+
+The framework is loaded on first use of any of these names, not by ``import compat``: so
+``from compat.errors import UserError`` (and code that only raises it, e.g. the config and the synthetic-data
+generator) never pays for importing MindSpore or torch, and entry points can still choose the backend
+(``REID_BACKEND``) after importing modules that import ``compat``.
 """
+import importlib
+
 from compat.errors import UserError
-from compat import backend as _backend
 
-_info = _backend.load()
-BACKEND = _info["name"]                 # 'mindspore' | 'torch'
-torch = _info["torch"]                  # torch API module (real torch, msadapter.pytorch or mindtorch.torch)
-nn = _info["nn"]
-F = _info["F"]
-IS_MINDSPORE = BACKEND == "mindspore"
+# public name -> submodule that defines it; the backend itself (BACKEND, torch, nn, F, IS_MINDSPORE) comes
+# from compat.backend
+_EXPORTS = {
+    "as_tensor": "tensor", "to_numpy": "tensor", "manual_seed": "tensor", "no_grad": "tensor", "assign_": "tensor",
+    "is_tensor": "tensor", "zeros_like": "tensor", "detach_tree": "tensor",
+    "set_device": "device", "current_device": "device", "to_device": "device",
+    "value_and_grad": "autograd", "batch_norm": "norm", "instance_norm": "norm", "clip_grad_norm": "clip",
+    "custom_op": "custom_op", "normalize": "functional",
+}
+_SUBMODULES = ("optim", "schedules", "checkpoint", "data")
+_BACKEND_NAMES = ("BACKEND", "IS_MINDSPORE", "torch", "nn", "F")
+_state = {"loading": False}
 
-from compat.tensor import (as_tensor, to_numpy, manual_seed, no_grad, assign_, is_tensor, zeros_like,  # noqa: E402
-                           detach_tree, numpy_tree, tensor_tree)
-from compat.device import set_device, current_device, to_device  # noqa: E402
-from compat.autograd import value_and_grad  # noqa: E402
-from compat.norm import batch_norm, instance_norm  # noqa: E402
-from compat.clip import clip_grad_norm  # noqa: E402
-from compat.custom_op import custom_op  # noqa: E402
-from compat import optim, schedules, checkpoint, data  # noqa: E402,F401
-from compat.functional import normalize  # noqa: E402
+
+def _load():
+    """Import the framework, then every submodule, in the order the submodules rely on (backend first)."""
+    _state["loading"] = True
+    try:
+        from compat import backend
+        info = backend.load()
+        g = globals()
+        g.update(_info=info, BACKEND=info["name"], torch=info["torch"], nn=info["nn"], F=info["F"],
+                 IS_MINDSPORE=info["name"] == "mindspore")
+        for name, module in _EXPORTS.items():
+            g[name] = getattr(importlib.import_module("compat." + module), name)
+        for module in _SUBMODULES:
+            g[module] = importlib.import_module("compat." + module)
+    finally:
+        _state["loading"] = False
+
+
+def __getattr__(name):
+    if name in _BACKEND_NAMES or name in _EXPORTS or name in _SUBMODULES:
+        if not _state["loading"] and "_info" not in globals():
+            _load()
+        if name in globals():
+            return globals()[name]
+    raise AttributeError("module 'compat' has no attribute %r" % (name,))
 
 
 def info():
     """What is active: backend, torch-API layer and version, framework version, device."""
-    return dict(backend=BACKEND, torch_api=_info["layer"], torch_api_version=_info["layer_version"],
-                framework=_info["framework"], framework_version=_info["framework_version"],
-                device=current_device())
+    if "_info" not in globals():
+        _load()
+    i = globals()["_info"]
+    return dict(backend=i["name"], torch_api=i["layer"], torch_api_version=i["layer_version"],
+                framework=i["framework"], framework_version=i["framework_version"],
+                device=globals()["current_device"]())
 
 
 __all__ = ["BACKEND", "IS_MINDSPORE", "torch", "nn", "F", "UserError", "info", "as_tensor", "to_numpy",
-           "manual_seed", "no_grad", "assign_", "is_tensor", "zeros_like", "detach_tree", "numpy_tree",
-           "tensor_tree", "set_device", "current_device", "to_device", "value_and_grad", "batch_norm",
-           "instance_norm", "normalize", "clip_grad_norm", "custom_op", "optim", "schedules", "checkpoint", "data"]
+           "manual_seed", "no_grad", "assign_", "is_tensor", "zeros_like", "detach_tree", "set_device",
+           "current_device", "to_device", "value_and_grad", "batch_norm", "instance_norm", "normalize",
+           "clip_grad_norm", "custom_op", "optim", "schedules", "checkpoint", "data"]

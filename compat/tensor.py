@@ -77,13 +77,3 @@ def _map(obj, fn):
 def detach_tree(obj):
     """Detach every tensor in a nested dict/list/tuple."""
     return _map(obj, lambda v: v.detach() if is_tensor(v) else v)
-
-
-def numpy_tree(obj):
-    """Convert every tensor in a nested structure to numpy."""
-    return _map(obj, lambda v: to_numpy(v) if is_tensor(v) else v)
-
-
-def tensor_tree(obj):
-    """Convert every numpy array in a nested structure to a backend tensor."""
-    return _map(obj, lambda v: as_tensor(v) if isinstance(v, np.ndarray) else v)

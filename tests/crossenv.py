@@ -10,7 +10,6 @@ import importlib
 import os
 import pickle
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 

@@ -42,3 +42,23 @@ def test_corrupt_checkpoint_prints_one_line(tmp_path):
     proc = _run(["-c", "import sys, compat; compat.checkpoint.load(sys.argv[1])", str(bad)], backend=compat.BACKEND)
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: ") and str(bad) in proc.stderr
+
+
+def test_error_type_imports_without_loading_a_framework():
+    """`from compat.errors import UserError` (and the config, the synthetic generator, the transforms that
+    raise it) must not import MindSpore or torch; the first use of the torch API does."""
+    code = ("import sys\n"
+            "from compat.errors import UserError\n"
+            "import compat, reid.config, reid.data.synthetic, reid.data.transforms\n"
+            "reid.config.load_cfg(None, ['SOLVER.BASE_LR', '0.1'])\n"
+            "loaded = sorted(m for m in ('mindspore', 'torch', 'msadapter', 'mindtorch') if m in sys.modules)\n"
+            "assert not loaded, loaded\n"
+            "assert compat.UserError is UserError\n"
+            "compat.as_tensor\n"
+            "print(compat.BACKEND, 'mindspore' in sys.modules, 'torch' in sys.modules)\n")
+    backend = os.environ.get("REID_BACKEND", "mindspore")   # the one this interpreter's environment holds
+    proc = _run(["-c", code], backend=backend)
+    assert proc.returncode == 0, proc.stderr
+    # ... and the first use of a compat name loads it
+    assert proc.stdout.split()[0] == backend
+    assert proc.stdout.split()[1 if backend == "mindspore" else 2] == "True"

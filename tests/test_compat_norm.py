@@ -7,7 +7,6 @@ from tests.crossenv import run_cases
 
 def case_norms(seed, shape, mode, num_splits, momentum=0.1):
     import compat
-    from compat import torch
     rng = np.random.RandomState(seed)
     c = shape[1]
     x = rng.randn(*shape).astype(np.float32) * 2 + 0.5
@@ -19,7 +18,8 @@ def case_norms(seed, shape, mode, num_splits, momentum=0.1):
 
     def loss_fn(inp):
         y = compat.batch_norm(inp, rm, rv, weight, bias, mode, momentum, 1e-5, num_splits)
-        return (y * y * compat.as_tensor(np.linspace(-1, 1, c).astype(np.float32)).reshape((1, -1) + (1,) * (len(shape) - 2))).sum(), y
+        weights = compat.as_tensor(np.linspace(-1, 1, c).astype(np.float32)).reshape((1, -1) + (1,) * (len(shape) - 2))
+        return (y * y * weights).sum(), y
 
     loss, y, grads = compat.value_and_grad(loss_fn, [weight, bias])(xt)
     out = dict(y=compat.to_numpy(y), rm=compat.to_numpy(rm), rv=compat.to_numpy(rv),
@@ -63,7 +63,8 @@ def results():
     """All cases in one child process per backend (interpreter start-up dominates otherwise)."""
     def calls(target):
         return [(target, dict(seed=3, shape=s, mode=m, num_splits=k)) for s, m, k in CASES]
-    ref = run_cases("torch", calls("tests.test_compat_norm:case_reference") + calls("tests.test_compat_norm:case_norms"))
+    ref = run_cases("torch", calls("tests.test_compat_norm:case_reference")
+                    + calls("tests.test_compat_norm:case_norms"))
     ms = run_cases("mindspore", calls("tests.test_compat_norm:case_norms"))
     n = len(CASES)
     return dict(ref=ref[:n], torch=ref[n:], mindspore=ms)

@@ -17,7 +17,7 @@ for ipe in (1, 3):
             GRID.append((ipe, 8, warmup, 0.1, method, "MultiStepLR", 0.0, (2, 4, 4, 6), 0.5))
 GRID.append((2, 5, 2, 0.05, "exp", "CosineAnnealingLR", 1e-3, (), 0.1))
 GRID.append((4, 6, 2, 0.3, "linear", "MultiStepLR", 0.0, (1, 3), 0.1))   # milestone inside the warmup
-ACL = (1214, 60, 10, 0.01, "linear", "CosineAnnealingLR", 4e-5, (30, 50), 0.1)   # acl-dgreid.md C.1-C.2
+ACL = (1214, 60, 10, 0.01, "linear", "CosineAnnealingLR", 4e-5, (30, 50), 0.1)   # docs/method.md#recipe, #schedule
 BASE_LR = 0.04
 
 

@@ -2,6 +2,7 @@
 from pathlib import Path
 
 import pytest
+import yaml
 
 from reid.config import get_cfg, load_cfg
 from reid.config.config import ConfigError
@@ -79,3 +80,36 @@ def test_base_values_are_overridden_by_the_file_then_the_command_line(tmp_path):
     child.write_text("_BASE_: %s\nSOLVER:\n  MAX_EPOCH: 7\n" % (ROOT / "configs" / "synthetic" / "acl.yml"))
     cfg = load_cfg(str(child), ["SOLVER.BASE_LR", "0.5"])
     assert cfg.SOLVER.MAX_EPOCH == 7 and cfg.SOLVER.BASE_LR == 0.5 and cfg.SOLVER.ITERS_PER_EPOCH == 25
+
+
+@pytest.mark.parametrize("key, value, fix", [
+    ("SOLVER.OPT", "Adam", "use SOLVER.OPT SGD"),
+    ("DATALOADER.SAMPLER_TRAIN", "TrainingSampler", "use DATALOADER.SAMPLER_TRAIN NaiveIdentitySampler"),
+    ("DATASETS.CUHK03_SPLIT", "3", "use DATASETS.CUHK03_SPLIT 0"),
+    ("MODEL.HEADS.NECK_FEAT", "middle", "use MODEL.HEADS.NECK_FEAT after or MODEL.HEADS.NECK_FEAT before")])
+def test_values_the_code_does_not_implement_are_rejected_in_one_line(key, value, fix, tmp_path):
+    """A key the code reads only for some values must not accept another silently (SOLVER.OPT Adam would
+    train with SGD): one line naming the key and the supported values, whether the value comes from the
+    command line, a file, or a config edited in code and given to the Trainer."""
+    with pytest.raises(ConfigError) as err:
+        load_cfg(None, [key, value])
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith(key + " ") and msg.endswith(fix)
+    nested = yaml.safe_load(value)
+    for part in reversed(key.split(".")):
+        nested = {part: nested}
+    path = tmp_path / "c.yml"
+    path.write_text(yaml.safe_dump(nested))
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        load_cfg(str(path))
+    from reid.engine.trainer import Trainer
+    cfg = get_cfg()
+    cfg.merge_from_list([key, value])
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        Trainer(cfg, data=object())   # rejected before any data or model is built
+
+
+def test_the_supported_values_load():
+    cfg = load_cfg(None, ["MODEL.HEADS.NECK_FEAT", "before", "SOLVER.OPT", "SGD", "DATASETS.CUHK03_SPLIT", "0",
+                          "DATALOADER.SAMPLER_TRAIN", "NaiveIdentitySampler"])
+    assert cfg.MODEL.HEADS.NECK_FEAT == "before" and cfg.SOLVER.OPT == "SGD"

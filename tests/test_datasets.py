@@ -168,6 +168,10 @@ def test_cuhk03_labeled_and_detected(tmp_path):
     detected = build_dataset("CUHK03", root=str(tmp_path), cfg=cfg)
     assert sorted({r[1] for r in detected.train}) == ["CUHK03_1", "CUHK03_2", "CUHK03_4"]
     assert all(os.sep + "detected" + os.sep in r[0] for r in detected.train + detected.gallery)
+    # CUHK03-NP has one split; another DATASETS.CUHK03_SPLIT is an error, not silently split 0
+    cfg.DATASETS.CUHK03_SPLIT = 1
+    with pytest.raises(UserError, match="CUHK03_SPLIT 1 is not supported.*use DATASETS.CUHK03_SPLIT 0"):
+        build_dataset("CUHK03", root=str(tmp_path), cfg=cfg)
 
 
 def test_cuhksysu_train_only(tmp_path):

@@ -225,7 +225,8 @@ def test_distances():
     np.testing.assert_allclose(compute_distance(q, g, "cosine"), 1 - qn @ gn.T, atol=1e-6)
     eu = np.sqrt(((q[:, None].astype(np.float64) - g[None]) ** 2).sum(-1))
     np.testing.assert_allclose(compute_distance(q, g, "euclidean"), eu, atol=1e-5)
-    np.testing.assert_array_equal(compute_distance(q, g, "euclidean", chunk_size=3), compute_distance(q, g, "euclidean"))
+    np.testing.assert_array_equal(compute_distance(q, g, "euclidean", chunk_size=3),
+                                  compute_distance(q, g, "euclidean"))
     assert compute_distance(q, g).dtype == np.float32
     with pytest.raises(UserError, match="unknown distance metric"):
         compute_distance(q, g, "manhattan")

@@ -1,4 +1,4 @@
-"""reid.losses on both backends against references written from the definitions (acl-dgreid.md C.4).
+"""reid.losses on both backends against references written from the definitions (docs/method.md#losses).
 
 Values: numpy float64 references with Python loops over rows. Gradients: real-torch autograd through
 loop-based versions of the originals (boolean-mask selection per row, whole-tensor max/min), compared with
@@ -52,7 +52,31 @@ def make_inputs(seed=0):
     # anchor 0's hardest negative is a tie between the duplicated rows 2 and 3
     inp["tie_emb"] = np.array([[1, 0, 0.5], [0.5, 0.25, 0], [-1, 0.5, 0.25], [-1, 0.5, 0.25]], np.float32)
     inp["tie_tgt"] = np.array([0, 0, 1, 1])
+    # whole training objectives (reid.engine.objectives) on the continuous features: global labels consistent
+    # with cont_dom and the offsets; pooled features before the BNNeck, on another scale than cont_emb
+    inp["obj_tgt"] = np.array(inp["offsets"])[inp["cont_dom"]] + inp["cont_tgt"] % 2
+    inp["pooled_emb"] = (rng.randn(12, 6) * 3).astype(np.float32)
+    inp["paired_order"] = np.array([0, 6, 1, 7, 2, 8, 3, 9, 4, 10, 5, 11])   # each id's 2 images side by side
     return inp
+
+
+# name -> (step kind, MODEL.NUM_SPLITS, MODEL.HEADS.NECK_FEAT, row order): the DataParallel chunking of the
+# trainer's objectives, each chunk's terms against the loop references
+OBJECTIVE_CASES = {
+    "obj_basic_split2": ("basic", 2, "after", "paired"),
+    "obj_basic_whole_before": ("basic", 1, "before", "paired"),
+    "obj_mtrain_split2": ("mtrain", 2, "after", "interleaved"),    # each chunk: 3 domains x 2 ids
+    "obj_mtrain_split2_before": ("mtrain", 2, "before", "interleaved"),
+    "obj_mtest_split3_before": ("mtest", 3, "before", "paired"),
+}
+
+
+def objective_batch(inp, order):
+    """Model outputs and batch (numpy) of an objective case, rows in `order`."""
+    idx = inp["paired_order"] if order == "paired" else np.arange(12)
+    return dict(feat_norm=inp["cont_emb"][idx], features=inp["pooled_emb"][idx],
+                logits=[l[idx] for l in inp["logits"]], center_dist=inp["center_dist"][idx],
+                paths=inp["paths"][idx], targets=inp["obj_tgt"][idx], domains=inp["cont_dom"][idx])
 
 
 # --------------------------------------------------------------------------- case: runs under a backend
@@ -106,11 +130,25 @@ def _loss_calls(inp, c):
         "ce_saturated": lambda: L.cross_entropy_per_domain([T(l) for l in inp["logits_saturated"]], cet, ced,
                                                            inp["offsets"], 0.0, 1.0),
         "ce_zero_logits": lambda: L.cross_entropy_per_domain([l * 0 for l in logits], cet, ced, inp["offsets"]),
-        "split2_tri": lambda: L.split_mean(L.triplet_loss, 2, ce, ct),
-        "split3_intra": lambda: L.split_mean(L.intra_cluster_loss, 3, paths, cd, margin=0.05),
-        "split2_ce": lambda: L.split_mean(L.cross_entropy_per_domain, 2, logits, cet, ced, offsets=inp["offsets"]),
-        "split2_meta_add": lambda: L.split_mean(L.triplet_loss_meta, 2, ce, ct, cd, mode="add"),
     }
+
+
+def _objective_values(inp, c):
+    """'case:term' -> value of reid.engine.objectives.objective (terms and 'total') for OBJECTIVE_CASES."""
+    from reid.config import get_cfg
+    from reid.engine.objectives import objective
+    out = {}
+    for name, (kind, num_splits, neck_feat, order) in OBJECTIVE_CASES.items():
+        b = objective_batch(inp, order)
+        cfg = get_cfg()
+        cfg.MODEL.HEADS.NECK_FEAT = neck_feat
+        model_out = {k: [c.as_tensor(l) for l in v] if k == "logits" else c.as_tensor(v)
+                     for k, v in b.items() if k not in ("targets", "domains")}
+        batch = {"targets": c.as_tensor(b["targets"]), "domains": c.as_tensor(b["domains"])}
+        total, terms = objective(kind, model_out, batch, cfg, inp["offsets"], num_splits)
+        out[name + ":total"] = float(c.to_numpy(total))
+        out.update({"%s:%s" % (name, k): float(c.to_numpy(v)) for k, v in terms.items()})
+    return out
 
 
 def case_values(seed=0):
@@ -118,6 +156,7 @@ def case_values(seed=0):
     from reid import losses as L
     inp = make_inputs(seed)
     out = {name: float(compat.to_numpy(fn())) for name, fn in _loss_calls(inp, compat).items()}
+    out.update(_objective_values(inp, compat))
     _, present = L.cross_entropy_per_domain([compat.as_tensor(l) for l in inp["logits"]],
                                             compat.as_tensor(inp["ce_tgt_gap"]), compat.as_tensor(inp["ce_dom_gap"]),
                                             inp["offsets"], return_present=True)
@@ -361,6 +400,33 @@ def np_chunks(n, k):
     return [slice(i * s, (i + 1) * s) for i in range(k)]
 
 
+def np_objective(kind, b, num_splits, neck_feat, offsets):
+    """The ACL step objectives with the default weights, each term averaged over contiguous chunks (the
+    original's 4-GPU DataParallel), plus their sum as 'total'."""
+    f = b["feat_norm"] if neck_feat == "after" else b["features"]
+    terms = {}
+    for s in np_chunks(len(f), num_splits):
+        t, d, paths = b["targets"][s], b["domains"][s], b["paths"][s]
+        part = {}
+        if kind == "basic":
+            part["loss_cls"] = np_ce([l[s] for l in b["logits"]], t, d, offsets, 0.1, 0.5)
+            part["loss_triplet"] = np_triplet(f[s], t)
+            part["loss_center"] = np_center(b["center_dist"][s], t) * 5e-4
+        elif kind == "mtrain":
+            part["loss_triplet_add"] = np_triplet(f[s], t, d, "add", margin=0.0)
+            part["loss_triplet_mtrain"] = np_triplet(f[s], t, d, "mtrain")
+            part["loss_sct"] = np_sct(f[s], d)
+        else:
+            part["loss_triplet_mtest"] = np_triplet(f[s], t, d, "mtest")
+            part["loss_center"] = np_center(b["center_dist"][s], t) * 1e-3
+        part["loss_intra"] = np_intra(paths, d, 0.1)
+        part["loss_inter"] = np_inter(paths, d, 0.3)
+        for k, v in part.items():
+            terms[k] = terms.get(k, 0.0) + v / num_splits
+    terms["total"] = sum(terms.values())
+    return terms
+
+
 def reference_values(inp):
     ce_emb, ct, cd = inp["cont_emb"], inp["cont_tgt"], inp["cont_dom"]
     qe, qt, qd = inp["quant_emb"], inp["quant_tgt"], inp["quant_dom"]
@@ -403,12 +469,10 @@ def reference_values(inp):
         "ce_gap": np_ce(logits, inp["ce_tgt_gap"], inp["ce_dom_gap"], offs),
         "ce_saturated": np_ce(inp["logits_saturated"], cet, ced, offs, 0.0, 1.0),
         "ce_zero_logits": float(np.mean([0.5 * np.log(w) for w in inp["widths"]])),  # CE of uniform = log C
-        "split2_tri": np.mean([np_triplet(ce_emb[s], ct[s]) for s in np_chunks(12, 2)]),
-        "split3_intra": np.mean([np_intra(paths[s], cd[s], margin=0.05) for s in np_chunks(12, 3)]),
-        "split2_ce": np.mean([np_ce([l[s] for l in logits], cet[s], ced[s], offs) for s in np_chunks(12, 2)]),
-        "split2_meta_add": np.mean([np_triplet(ce_emb[s], ct[s], cd[s], "add", margin=0.0)
-                                    for s in np_chunks(12, 2)]),
     }
+    for name, (kind, num_splits, neck_feat, order) in OBJECTIVE_CASES.items():
+        terms = np_objective(kind, objective_batch(inp, order), num_splits, neck_feat, offs)
+        ref.update({"%s:%s" % (name, k): v for k, v in terms.items()})
     return ref
 
 
@@ -445,6 +509,12 @@ def test_reference_sanity():
     assert abs(np_intra(inp["paths"], inp["cont_dom"]) - np_intra(inp["paths"], inp["cont_dom"], vector=True)) > 1e-3
     assert abs(np_triplet(inp["quant_emb"], inp["quant_tgt"], inp["quant_dom"], "add", margin=0.3)
                - np_triplet(inp["quant_emb"], inp["quant_tgt"], inp["quant_dom"], "mtrain")) > 1e-3
+    # the objective cases can tell chunked from whole-batch triplet mining, and NECK_FEAT before from after
+    b = objective_batch(inp, "paired")
+    for kind, key in (("basic", "loss_triplet"), ("mtest", "loss_triplet_mtest")):
+        whole, split = (np_objective(kind, b, n, "after", inp["offsets"]) for n in (1, 2))
+        before = np_objective(kind, b, 1, "before", inp["offsets"])
+        assert abs(whole[key] - split[key]) > 0.1 and abs(whole[key] - before[key]) > 0.1
 
 
 @pytest.mark.parametrize("backend", [_param(b) for b in BACKENDS])
@@ -500,8 +570,17 @@ def test_bad_input_raises_user_error():
         L.triplet_loss_meta(emb, T(inp["cont_tgt"]), None, "add")
     with pytest.raises(UserError, match="mode"):
         L.triplet_loss_meta(emb, T(inp["cont_tgt"]), None, "meta")
+    from reid.config import get_cfg
+    from reid.engine.objectives import objective
+    b = objective_batch(inp, "paired")
+    out = {k: [T(l) for l in v] if k == "logits" else T(v) for k, v in b.items() if k not in ("targets", "domains")}
+    batch = {"targets": T(b["targets"]), "domains": T(b["domains"])}
     with pytest.raises(UserError, match="NUM_SPLITS"):
-        L.split_mean(L.triplet_loss, 5, emb, T(inp["cont_tgt"]))
+        objective("basic", out, batch, get_cfg(), inp["offsets"], 5)
+    cfg = get_cfg()
+    cfg.MODEL.HEADS.NECK_FEAT = "middle"
+    with pytest.raises(UserError, match="NECK_FEAT must be one of after, before"):
+        objective("basic", out, batch, cfg, inp["offsets"], 2)
     with pytest.raises(UserError, match="relabelled"):
         L.cross_entropy_per_domain([T(l) for l in inp["logits"]], T(inp["ce_tgt"] + 1), T(inp["ce_dom"]),
                                    inp["offsets"])

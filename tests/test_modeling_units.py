@@ -418,7 +418,7 @@ def test_plain_resnet_loads_by_name():
 # --------------------------------------------------------------------------- size
 
 def test_full_size_parameter_counts():
-    """acl-dgreid.md B.4: backbone 29.62 M (we leave out the dead fc_classifier 46,080 and map1..4 7,680),
+    """docs/method.md#size: backbone 29.62 M (we leave out the dead fc_classifier 46,080 and map1..4 7,680),
     train time ~85.8 M with the Protocol-2 ->CUHK03 classes. Counted once, on torch (fast construction)."""
     if active_backend() != "torch":
         pytest.skip("counted on the torch backend (make test runs it there)")

@@ -107,7 +107,8 @@ def synth_root(tmp_path_factory):
 def test_steps_match_between_backends(synth_root, tmp_path, splits, iterations):
     """20 iterations (2 + 19 basic steps, 7 meta steps) at demo width with single-device semantics (as the
     demo), and 7 iterations (2 + 6 basic, 3 meta) with 2 DataParallel chunks; both backends start from the
-    same initial weights and see the same batches (augmentation off). Every step starts both backends from the torch run's state before that step (weights, buffers,
+    same initial weights and see the same batches (augmentation off). Every step starts both backends from the
+    torch run's state before that step (weights, buffers,
     both optimizers' momentum, the meta-domain RNG) and meta steps use the torch run's fast-weight step; the
     step's loss must agree to 1e-3 relative and the weights after it to 1e-3 relative (L2 over all trainable
     weights; 1e-2 per tensor), for every step including the last. The fast-weight steps each backend computed
@@ -130,8 +131,9 @@ def test_steps_match_between_backends(synth_root, tmp_path, splits, iterations):
     pt = run_cases("torch", [("tests.test_training:case_steps", dict(kwargs, out=str(tmp_path / "pt")))])[0]
     ms = run_cases("mindspore", [("tests.test_training:case_steps",
                                   dict(kwargs, out=str(tmp_path / "ms"), follow=True))])[0]
-    assert ms["kinds"] == pt["kinds"] and pt["kinds"] == [k for it in range(iterations) for k in (["basic"] * (2 if it == 0 else 1)
-                                                                  + ["meta"] * (it % 3 == 0))]
+    assert ms["kinds"] == pt["kinds"] and pt["kinds"] == [k for it in range(iterations)
+                                                          for k in (["basic"] * (2 if it == 0 else 1)
+                                                                    + ["meta"] * (it % 3 == 0))]
     np.testing.assert_allclose(ms["losses"], pt["losses"], rtol=1e-3)
     for got, ref in zip(ms["fast_steps"], pt["fast_steps"]):  # the meta-train gradients, to float32 conditioning
         cosine = float(got @ ref / (np.linalg.norm(got) * np.linalg.norm(ref)))

@@ -1,1 +1,1 @@
-from reid.config.config import get_cfg, load_cfg, ConfigError  # noqa: F401
+from reid.config.config import get_cfg, load_cfg, check_supported_values, ConfigError  # noqa: F401

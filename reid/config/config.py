@@ -11,6 +11,27 @@ class ConfigError(UserError):
     """A config file or override that does not fit the schema."""
 
 
+# Keys with a closed set of values the code implements: anything else would be accepted and silently not
+# honoured, so it is rejected when the config is loaded (and again by the Trainer, for configs built in code).
+SUPPORTED_VALUES = {
+    "MODEL.HEADS.NECK_FEAT": (("after", "before"), "it picks the metric-loss feature, after or before the BNNeck"),
+    "DATASETS.CUHK03_SPLIT": ((0,), "CUHK03-NP, the 767/700 protocol, has a single split"),
+    "DATALOADER.SAMPLER_TRAIN": (("NaiveIdentitySampler",), "only the original's identity sampler is implemented"),
+    "SOLVER.OPT": (("SGD",), "only SGD, the original's optimizer, is implemented"),
+}
+
+
+def check_supported_values(cfg):
+    """ConfigError naming the key and its supported values if `cfg` sets a value the code does not implement."""
+    for key, (supported, why) in SUPPORTED_VALUES.items():
+        node = cfg
+        for part in key.split("."):
+            node = node[part]
+        if isinstance(node, bool) or node not in supported:
+            raise ConfigError("%s %r is not supported (%s); use %s" % (
+                key, node, why, " or ".join("%s %s" % (key, v) for v in supported)))
+
+
 def get_cfg():
     """A mutable copy of the defaults (the full-size ACL setup)."""
     from reid.config.defaults import _C
@@ -57,5 +78,6 @@ def load_cfg(config_file=None, opts=()):
         cfg.merge_from_list(opts)
     except (KeyError, ValueError, TypeError, AssertionError) as exc:
         raise ConfigError("command line: %s" % _explain(exc)) from None
+    check_supported_values(cfg)
     cfg.freeze()
     return cfg

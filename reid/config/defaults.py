@@ -1,6 +1,6 @@
 """Default configuration: the full-size ACL setup of the original (Protocol-2, M+MS+CS -> CUHK03).
 
-Values and their meaning follow ../shared/reference/acl-dgreid.md (sections B-E). Configs in configs/
+Values and their meaning follow docs/method.md (recipe: #recipe). Configs in configs/
 override them; the command line overrides those.
 """
 from yacs.config import CfgNode as CN
@@ -17,7 +17,7 @@ _C.MODEL.WEIGHTS = ""                # checkpoint to start from / evaluate
 _C.MODEL.PIXEL_MEAN = [123.675, 116.28, 103.53]   # ImageNet mean * 255 (inputs are 0..255)
 _C.MODEL.PIXEL_STD = [58.395, 57.12, 57.375]
 # Emulate the original's nn.DataParallel over 4 GPUs: BN statistics and losses per contiguous chunk
-# (acl-dgreid.md C.5). 1 = whole-batch semantics.
+# (docs/method.md#dataparallel). 1 = whole-batch semantics.
 _C.MODEL.NUM_SPLITS = 4
 
 _C.MODEL.BACKBONE = CN()
@@ -34,7 +34,7 @@ _C.MODEL.HEADS = CN()
 _C.MODEL.HEADS.NAME = "MetaEmbeddingHead"
 _C.MODEL.HEADS.POOL_LAYER = "gem"                # GeM with p fixed at 3
 _C.MODEL.HEADS.GEM_P = 3.0
-_C.MODEL.HEADS.NECK_FEAT = "after"               # metric-loss feature: after BNNeck
+_C.MODEL.HEADS.NECK_FEAT = "after"               # metric-loss feature: "after" BNNeck (normalised) or "before"
 _C.MODEL.HEADS.SCALE = 1.0
 _C.MODEL.HEADS.NUM_CLASSES = [11934, 751, 1041]  # per source domain, set from the datasets at train time
 
@@ -74,7 +74,7 @@ _C.DATASETS.NAMES = ["CUHKSYSU", "Market1501", "MSMT17"]   # source domains, in 
 _C.DATASETS.TESTS = ["CUHK03"]
 _C.DATASETS.COMBINEALL = False       # Protocol-3: train on train+test of the sources
 _C.DATASETS.CUHK03_LABELED = True
-_C.DATASETS.CUHK03_SPLIT = 0
+_C.DATASETS.CUHK03_SPLIT = 0         # CUHK03-NP has a single split
 _C.DATASETS.ON_BAD_IMAGE = "stop"    # "stop" | "skip": what a corrupt/unreadable image does
 _C.DATASETS.SYNTHETIC = CN()
 _C.DATASETS.SYNTHETIC.SEED = 0
@@ -82,13 +82,13 @@ _C.DATASETS.SYNTHETIC.NUM_IDS = 300  # identities per synthetic domain
 
 # ----------------------------------------------------------------------------- loader
 _C.DATALOADER = CN()
-_C.DATALOADER.SAMPLER_TRAIN = "NaiveIdentitySampler"
+_C.DATALOADER.SAMPLER_TRAIN = "NaiveIdentitySampler"   # the only sampler implemented
 _C.DATALOADER.NUM_INSTANCE = 2
 _C.DATALOADER.NUM_WORKERS = 2
 
 # ----------------------------------------------------------------------------- solver
 _C.SOLVER = CN()
-_C.SOLVER.OPT = "SGD"
+_C.SOLVER.OPT = "SGD"                # the only optimizer implemented (both the basic and the meta one)
 _C.SOLVER.BASE_LR = 0.04
 _C.SOLVER.MOMENTUM = 0.9
 _C.SOLVER.META_MOMENTUM = 0.0

@@ -1,6 +1,6 @@
 """AutoAugment with the ImageNet policy of the AutoAugment paper (Cubuk et al. 2019), on numpy/OpenCV.
 
-acl-dgreid.md D.3: the original applies fast-reid's timm-derived `AutoAugment` ('original' ImageNet policy)
+docs/method.md#transforms: the original applies fast-reid's timm-derived `AutoAugment` ('original' ImageNet policy)
 with probability 0.1 at the original image size. Ops take and return HxWx3 RGB uint8 arrays and follow the
 PIL operations that timm calls (same lookup tables for the histogram ops, PIL's blend/affine conventions);
 magnitudes map a level 0..10 to an argument as timm does:

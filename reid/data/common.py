@@ -1,5 +1,5 @@
 """Pieces shared by every dataset: image reading with clear errors, a pre-scan for bad images, and the
-multi-domain relabelling of training records (fast-reid's ``CommDataset`` convention, acl-dgreid.md D.1).
+multi-domain relabelling of training records (fast-reid's ``CommDataset`` convention, docs/method.md#datasets).
 
 Record: ``(img_path, pid, camid, domain)``.
 

@@ -1,6 +1,6 @@
 """Batch samplers (numpy only): identity-balanced P x K training batches and sequential test batches.
 
-`NaiveIdentitySampler` follows fast-reid's sampler of the same name (acl-dgreid.md D.2). A *pass* starts with
+`NaiveIdentitySampler` follows fast-reid's sampler of the same name (docs/method.md#samplers). A *pass* starts with
 every identity available and each identity's image indices shuffled into a pool (K draws with replacement
 when it has fewer than K images). Each batch draws P = batch_size / num_instances distinct identities
 uniformly among those still available and pops K indices from each one's pool; an identity whose pool then

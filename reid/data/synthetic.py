@@ -54,6 +54,8 @@ from pathlib import Path
 import cv2
 import numpy as np
 
+from compat.errors import UserError
+
 GENERATOR_VERSION = 1
 SYNTHETIC_DOMAINS = ("SynthA", "SynthB", "SynthC", "SynthD")
 SPLIT_DIRS = ("bounding_box_train", "query", "bounding_box_test")
@@ -63,12 +65,6 @@ MAX_IDS = 2000   # keeps pids at 4 digits and frame numbers below 10^6 per (came
 _K_PLAN, _K_CAMERA, _K_ENTITY, _K_TRACK, _K_IMAGE = 1, 2, 3, 4, 5
 # entity kinds: identities, distractors (pid 0), junk (pid -1)
 _E_PERSON, _E_DISTRACTOR, _E_JUNK = 0, 1, 2
-
-
-def _user_error(message):
-    # compat pulls in the framework; only pay for it on the error path
-    from compat.errors import UserError
-    return UserError(message)
 
 
 def _stream(*keys):
@@ -780,23 +776,23 @@ def _resolve_domains(domains):
         d = d.strip()
         name = d if d in _STYLE_BY_NAME else "Synth" + d.upper()
         if name not in _STYLE_BY_NAME:
-            raise _user_error("unknown synthetic domain %r; use some of %s (or A,B,C,D)"
+            raise UserError("unknown synthetic domain %r; use some of %s (or A,B,C,D)"
                               % (d, ",".join(SYNTHETIC_DOMAINS)))
         if name not in out:
             out.append(name)
     if not out:
-        raise _user_error("no synthetic domain given; use some of %s (or A,B,C,D)" % ",".join(SYNTHETIC_DOMAINS))
+        raise UserError("no synthetic domain given; use some of %s (or A,B,C,D)" % ",".join(SYNTHETIC_DOMAINS))
     return out
 
 
 def _check_args(seed, num_ids, workers):
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise _user_error("synthetic seed must be a non-negative integer (got %r)" % (seed,))
+        raise UserError("synthetic seed must be a non-negative integer (got %r)" % (seed,))
     if isinstance(num_ids, bool) or not isinstance(num_ids, (int, np.integer)) or not 4 <= num_ids <= MAX_IDS:
-        raise _user_error("synthetic num_ids must be an integer in 4..%d (identities per domain, half for "
+        raise UserError("synthetic num_ids must be an integer in 4..%d (identities per domain, half for "
                           "training; got %r)" % (MAX_IDS, num_ids))
     if workers is not None and (not isinstance(workers, (int, np.integer)) or workers < 1):
-        raise _user_error("synthetic workers must be a positive integer (got %r)" % (workers,))
+        raise UserError("synthetic workers must be a positive integer (got %r)" % (workers,))
 
 
 def default_workers():
@@ -814,7 +810,7 @@ def ensure_synthetic(root, seed=0, num_ids=300, domains=None, workers=None, forc
     names = _resolve_domains(domains)
     root = Path(root)
     if root.exists() and not root.is_dir():
-        raise _user_error("synthetic data root %s is a file; pass a directory (e.g. data/synthetic)" % root)
+        raise UserError("synthetic data root %s is a file; pass a directory (e.g. data/synthetic)" % root)
     root.mkdir(parents=True, exist_ok=True)
     todo = [n for n in names if force or not is_current(str(root / n), seed, num_ids)]
     if not todo:

@@ -1,6 +1,6 @@
-"""Image transforms on numpy/OpenCV: HxWx3 RGB uint8 in, float32 3xHxW in 0..255 out (the model normalises).
+"""Image transforms on numpy/OpenCV/Pillow: HxWx3 RGB uint8 in, float32 3xHxW in 0..255 out (the model normalises).
 
-Training pipeline (acl-dgreid.md D.3, driven by cfg.INPUT):
+Training pipeline (docs/method.md#transforms, driven by cfg.INPUT):
   RandomApply(AutoAugment ImageNet policy, AUTOAUG.PROB) at the original size -> bicubic resize to SIZE_TRAIN
   -> pad PADDING.SIZE (constant 0) + random crop back to SIZE_TRAIN -> horizontal flip (FLIP.PROB)
   -> RandomApply(ColorJitter(CJ.*), CJ.PROB) -> HWC->CHW float32 -> random erasing (REA.*, off by default).
@@ -14,6 +14,7 @@ import math
 
 import cv2
 import numpy as np
+from PIL import Image
 
 from compat.errors import UserError
 from reid.data.autoaugment import AutoAugment
@@ -36,12 +37,17 @@ def check_image(img):
 
 
 # ------------------------------------------------------------------------------------------- steps
+_PIL_BICUBIC = getattr(Image, "Resampling", Image).BICUBIC   # Pillow >= 9.1 names it Image.Resampling
+
+
 def resize(img, size_hw):
-    """Bicubic resize to (H, W) (cv2.INTER_CUBIC)."""
+    """Bicubic resize to (H, W) by Pillow itself, as the original's Resize on PIL images. Pillow's bicubic
+    (a = -0.5) widens its kernel by the scale factor when downscaling, i.e. it antialiases; cv2.INTER_CUBIC
+    (a = -0.75, fixed 4x4 support) does not, and differs by several grey levels on downscaled crops."""
     h, w = int(size_hw[0]), int(size_hw[1])
     if img.shape[:2] == (h, w):
         return img
-    return cv2.resize(img, (w, h), interpolation=cv2.INTER_CUBIC)
+    return np.array(Image.fromarray(img).resize((w, h), _PIL_BICUBIC))
 
 
 def pad(img, padding, fill=0):

@@ -1,15 +1,25 @@
-"""The ACL training objectives (acl-dgreid.md C.3-C.5): which loss terms each step type adds up.
+"""The ACL training objectives (docs/method.md#basic-step, #meta-step): which loss terms each step adds up.
 
 Every objective maps the model's train-mode outputs and the batch to ``(total, terms)``: ``total`` is the
 scalar to differentiate and ``terms`` the individual (weighted) loss values for logging. With
 ``num_splits`` > 1 each term is computed per contiguous chunk and the chunk totals are averaged, which is
-what the original's nn.DataParallel over 4 GPUs did (C.5).
+what the original's nn.DataParallel over 4 GPUs did (docs/method.md#dataparallel).
 """
 import compat
 from reid.losses import (center_loss, cross_entropy_per_domain, domain_sct_loss, inter_cluster_loss,
                          intra_cluster_loss, triplet_loss, triplet_loss_meta)
 
-STEP_KINDS = ("basic", "mtrain", "mtest")
+# MODEL.HEADS.NECK_FEAT -> the head output the metric losses (triplet, meta triplet, SCT) use: "after" the
+# L2-normalised BNNeck feature (the original's setting), "before" the pooled feature, un-normalised. The
+# evaluation feature is the BNNeck output either way, as in the original.
+METRIC_FEATURES = {"after": "feat_norm", "before": "features"}
+
+
+def metric_feature_key(neck_feat):
+    if neck_feat not in METRIC_FEATURES:
+        raise compat.UserError("MODEL.HEADS.NECK_FEAT must be one of %s, got %r"
+                               % (", ".join(METRIC_FEATURES), neck_feat))
+    return METRIC_FEATURES[neck_feat]
 
 
 def _chunks(num_splits, n):
@@ -17,11 +27,11 @@ def _chunks(num_splits, n):
     return [slice(i * size, (i + 1) * size) for i in range(num_splits)]
 
 
-def _take(out, batch, sl):
+def _take(out, batch, sl, metric_key):
     logits = [l[sl] for l in out["logits"]]
     center = out["center_dist"][sl] if out.get("center_dist") is not None else None
     paths = out["paths"][sl] if out.get("paths") is not None else None
-    return dict(feat_norm=out["feat_norm"][sl], logits=logits, center_dist=center, paths=paths,
+    return dict(metric_feat=out[metric_key][sl], logits=logits, center_dist=center, paths=paths,
                 targets=batch["targets"][sl], domains=batch["domains"][sl])
 
 
@@ -39,18 +49,18 @@ def _chunk_terms(kind, c, cfg, offsets):
     if kind == "basic":
         terms["loss_cls"] = cross_entropy_per_domain(c["logits"], c["targets"], c["domains"], offsets,
                                                      losses.CE.EPSILON, losses.CE.SCALE)
-        terms["loss_triplet"] = triplet_loss(c["feat_norm"], c["targets"], losses.TRI.MARGIN) * losses.TRI.SCALE
+        terms["loss_triplet"] = triplet_loss(c["metric_feat"], c["targets"], losses.TRI.MARGIN) * losses.TRI.SCALE
         _cluster_terms(c, cfg, terms)
         if c["center_dist"] is not None and losses.CENTER.SCALE > 0:
             terms["loss_center"] = center_loss(c["center_dist"], c["targets"]) * losses.CENTER.SCALE
     elif kind == "mtrain":
-        terms["loss_triplet_add"] = triplet_loss_meta(c["feat_norm"], c["targets"], c["domains"], "add")
-        terms["loss_triplet_mtrain"] = triplet_loss_meta(c["feat_norm"], c["targets"], c["domains"], "mtrain",
+        terms["loss_triplet_add"] = triplet_loss_meta(c["metric_feat"], c["targets"], c["domains"], "add")
+        terms["loss_triplet_mtrain"] = triplet_loss_meta(c["metric_feat"], c["targets"], c["domains"], "mtrain",
                                                          losses.TRI.MARGIN)
-        terms["loss_sct"] = domain_sct_loss(c["feat_norm"], c["domains"]) * losses.SCT.SCALE
+        terms["loss_sct"] = domain_sct_loss(c["metric_feat"], c["domains"]) * losses.SCT.SCALE
         _cluster_terms(c, cfg, terms)
     elif kind == "mtest":
-        terms["loss_triplet_mtest"] = triplet_loss_meta(c["feat_norm"], c["targets"], c["domains"], "mtest",
+        terms["loss_triplet_mtest"] = triplet_loss_meta(c["metric_feat"], c["targets"], c["domains"], "mtest",
                                                         losses.TRI.MARGIN)
         _cluster_terms(c, cfg, terms)
         if c["center_dist"] is not None and losses.CENTER.META_SCALE > 0:
@@ -62,14 +72,15 @@ def _chunk_terms(kind, c, cfg, offsets):
 
 def objective(kind, out, batch, cfg, offsets, num_splits=1):
     """(total, terms) for one step kind; terms are per-chunk means, total = mean over chunks of their sum."""
-    n = int(out["feat_norm"].shape[0])
+    metric_key = metric_feature_key(cfg.MODEL.HEADS.NECK_FEAT)
+    n = int(out[metric_key].shape[0])
     num_splits = max(int(num_splits), 1)
     if n % num_splits:
         raise compat.UserError("batch of %d cannot be split into MODEL.NUM_SPLITS=%d equal chunks; make the batch "
                                "sizes multiples of NUM_SPLITS" % (n, num_splits))
     summed = {}
     for sl in _chunks(num_splits, n):
-        for key, value in _chunk_terms(kind, _take(out, batch, sl), cfg, offsets).items():
+        for key, value in _chunk_terms(kind, _take(out, batch, sl, metric_key), cfg, offsets).items():
             summed[key] = value if key not in summed else summed[key] + value
     terms = {k: v / num_splits for k, v in summed.items()}
     total = None

@@ -1,4 +1,4 @@
-"""The ACL trainer (acl-dgreid.md C.1-C.5): basic steps plus a first-order meta step every META.PERIOD
+"""The ACL trainer (docs/method.md#training): basic steps plus a first-order meta step every META.PERIOD
 iterations, two SGD optimizers on one warmup + cosine schedule.
 
 Iteration i runs ``INITIAL_BASIC_STEPS`` basic steps when i == 0, else one; then, when META is enabled and
@@ -20,7 +20,6 @@ the loss does not reach gets torch's ``grad is None`` and the optimizer leaves i
 of source domains absent from a basic batch, and all classifiers in meta steps.
 """
 import math
-import os
 import time
 
 import numpy as np
@@ -29,8 +28,8 @@ import compat
 from compat.errors import UserError
 from compat.optim import SGD
 from compat.schedules import LRSchedule
+from reid.config import check_supported_values
 from reid.engine.checkpointer import Checkpointer, model_state_from_file
-from reid.engine.events import MetricsWriter, plot_curves
 from reid.engine.objectives import objective
 from reid.modeling import bn_mode, build_model, fast_weights
 from reid.modeling.layers import MetaBatchNorm, MetaInstanceNorm
@@ -75,6 +74,7 @@ class Trainer:
     iteration (`after_step`) and at the end (`after_train`)."""
 
     def __init__(self, cfg, resume=False, data=None, quiet=False):
+        check_supported_values(cfg)
         self.quiet = quiet
         self.output_dir = cfg.OUTPUT_DIR
         self.checkpointer = Checkpointer(self.output_dir)

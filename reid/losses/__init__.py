@@ -1,15 +1,15 @@
-"""ACL losses (acl-dgreid.md C.4): per-domain CE, triplet (basic and meta), SCT, cluster and center losses.
+"""ACL losses (docs/method.md#losses): per-domain CE, triplet (basic and meta), SCT, cluster and center losses.
 
 All take backend tensors and return a scalar tensor that is differentiable on both backends (works inside
-`compat.value_and_grad`). `split_mean` evaluates a loss per contiguous chunk and averages, emulating the
-original's nn.DataParallel over 4 GPUs (C.5).
+`compat.value_and_grad`). The per-chunk evaluation that emulates the original's 4-GPU DataParallel is the
+trainer's (reid/engine/objectives.py).
 """
 from reid.losses.center import center_loss
 from reid.losses.cross_entropy import cross_entropy_loss, cross_entropy_per_domain
 from reid.losses.domain import domain_sct_loss, inter_cluster_loss, intra_cluster_loss
 from reid.losses.triplet import meta_triplet_masks, triplet_loss, triplet_loss_meta
-from reid.losses.utils import cosine_dist, euclidean_dist, normalize, present_domains, split_mean
+from reid.losses.utils import cosine_dist, euclidean_dist, normalize
 
 __all__ = ["center_loss", "cross_entropy_loss", "cross_entropy_per_domain", "domain_sct_loss",
            "inter_cluster_loss", "intra_cluster_loss", "meta_triplet_masks", "triplet_loss", "triplet_loss_meta",
-           "cosine_dist", "euclidean_dist", "normalize", "present_domains", "split_mean"]
+           "cosine_dist", "euclidean_dist", "normalize"]

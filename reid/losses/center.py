@@ -1,4 +1,4 @@
-"""Center loss on the head's squared distances to the class centers (acl-dgreid.md C.4 "Center")."""
+"""Center loss on the head's squared distances to the class centers (docs/method.md#loss-center)."""
 
 from compat import F
 from compat.errors import UserError

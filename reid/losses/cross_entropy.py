@@ -1,4 +1,4 @@
-"""Label-smoothed cross-entropy, per source domain (acl-dgreid.md C.4 "CE").
+"""Label-smoothed cross-entropy, per source domain (docs/method.md#loss-ce).
 
 fast-reid's `cross_entropy_loss`: soft target 1-eps on the true class and eps/(C-1) on the others, per-sample
 loss sum(-target * log_softmax), and the batch sum divided by the number of samples whose loss is non-zero

@@ -1,5 +1,6 @@
 """Domain-level losses: MetaBIN's shuffled-center L_SCT and ACL's domain-aware cluster losses on the router
-weights (acl-dgreid.md C.4). Loops run over the (at most a handful of) domains, never over samples."""
+weights (docs/method.md#loss-sct, #loss-cluster). Loops run over the (at most a handful of) domains, never
+over samples."""
 import compat
 from compat import F
 from compat.errors import UserError

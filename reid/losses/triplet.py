@@ -1,6 +1,7 @@
 """Triplet losses: fast-reid batch-hard (basic step) and MetaBIN's `triplet_loss_Meta` (meta steps).
 
-acl-dgreid.md C.4. Mining is done with masks over the (N, N) distance matrix, never with loops over rows.
+Definitions: docs/method.md#loss-triplet and #loss-meta-triplet. Mining is done with masks over the (N, N)
+distance matrix, never with loops over rows.
 """
 import numpy as np
 

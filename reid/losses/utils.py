@@ -1,4 +1,4 @@
-"""Pieces shared by the ACL losses: distances, normalisation, domain bookkeeping, DataParallel-style chunking.
+"""Pieces shared by the ACL losses: distances, normalisation, label bookkeeping.
 
 Everything here is torch-style code on `compat`, vectorised over samples (no Python loops over rows).
 """
@@ -47,51 +47,3 @@ def host_ints(t, name):
         if not np.all(np.equal(np.mod(arr, 1), 0)):
             raise UserError("%s must hold integer labels, got dtype %s" % (name, arr.dtype))
     return arr.astype(np.int64)
-
-
-def present_domains(domains):
-    """Sorted list of the domain ids present in a batch (a classifier of an absent domain gets no gradient)."""
-    return [int(d) for d in np.unique(host_ints(domains, "domains"))]
-
-
-def _chunk(obj, i, size):
-    if compat.is_tensor(obj):
-        return obj[i * size:(i + 1) * size]
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_chunk(v, i, size) for v in obj)
-    return obj  # None, numbers, strings: shared by every chunk
-
-
-def _batch_size(objs):
-    for obj in objs:
-        if compat.is_tensor(obj):
-            return int(obj.shape[0])
-        if isinstance(obj, (list, tuple)):
-            n = _batch_size(obj)
-            if n is not None:
-                return n
-    return None
-
-
-def split_mean(loss_fn, num_splits, *tensors, **kw):
-    """Mean of `loss_fn` over `num_splits` contiguous, equal chunks of the batch (nn.DataParallel emulation).
-
-    The original ran every loss inside each of 4 DataParallel replicas and averaged the 4 scalars
-    (acl-dgreid.md C.5). Tensors (also inside lists/tuples, e.g. per-domain logits) are sliced along dim 0;
-    other positional and keyword arguments are passed to every chunk unchanged. num_splits 1 = whole batch.
-    """
-    num_splits = int(num_splits)
-    if num_splits <= 1:
-        return loss_fn(*tensors, **kw)
-    n = _batch_size(tensors)
-    if n is None:
-        raise UserError("split_mean needs at least one tensor argument to split")
-    if n % num_splits:
-        raise UserError("batch of %d cannot be split into MODEL.NUM_SPLITS=%d equal chunks; make the batch size "
-                        "a multiple of NUM_SPLITS" % (n, num_splits))
-    size = n // num_splits
-    total = None
-    for i in range(num_splits):
-        loss = loss_fn(*[_chunk(t, i, size) for t in tensors], **kw)
-        total = loss if total is None else total + loss
-    return total / num_splits

@@ -1,4 +1,4 @@
-"""The ACL embedding head (acl-dgreid.md B.3): GeM pooling (p fixed), BNNeck with a frozen bias, one
+"""The ACL embedding head (docs/method.md#head): GeM pooling (p fixed), BNNeck with a frozen bias, one
 bias-free classifier per source domain, learned class centers."""
 import numpy as np
 

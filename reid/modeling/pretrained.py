@@ -2,7 +2,7 @@
 layout: conv1, bn1, layerS.B.{conv1,bn1,conv2,bn2,conv3,bn3,downsample.0,downsample.1}, bn1 split into
 `bn1.IN` / `bn1.BN` in stages 1-3, fc) or a plain ResNet-50 one (`resnet50-19c8e357.pth`).
 
-Plain backbones load by name. The ACL backbone follows the original's weight surgery (acl-dgreid.md B.1):
+Plain backbones load by name. The ACL backbone follows the original's weight surgery (docs/method.md#pretrained):
   * stem and main stages (2/3/5/2 blocks) load by name from the first blocks of each stage;
   * CODE block s takes its branches from the checkpoint's last block of stage s (layer1.2, layer2.3,
     layer3.5, layer4.2; generally `layer{s}.{blocks_s - 1}` of ResNet-50's 3/4/6/3):
@@ -21,6 +21,7 @@ import os
 
 import numpy as np
 
+from compat import checkpoint
 from compat.errors import UserError
 
 from reid.modeling.backbones.acl_resnet import ACLResNet
@@ -37,7 +38,6 @@ def read_checkpoint(path):
     if not os.path.isfile(path):
         raise UserError("pretrained weights %s do not exist; download resnet50_ibn_a-d9d0bb7b.pth (IBN-Net release "
                         "v1.0) and set MODEL.BACKBONE.PRETRAIN_PATH to it" % path)
-    from compat import checkpoint
     state = checkpoint.load(path)
     if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
         state = state["state_dict"]

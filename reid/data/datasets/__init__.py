@@ -6,6 +6,7 @@
 
 Registered names: Market1501, MSMT17, CUHK03 (CUHK03-NP labeled/detected), CUHKSYSU, SynthA..SynthD.
 """
+from compat.errors import UserError
 from reid.data.common import (MultiDomainTrainSet, combine_train_sets, read_image, verify_images)  # noqa: F401
 from reid.data.datasets.registry import DATASET_REGISTRY, resolve_root
 from reid.data.datasets.bases import ReidDataset, parse_market_dir  # noqa: F401
@@ -24,6 +25,7 @@ def dataset_options(name, cfg):
     d = cfg.DATASETS
     if name == "CUHK03":
         opts["labeled"] = bool(d.CUHK03_LABELED)
+        opts["split"] = d.CUHK03_SPLIT
     if name in SYNTHETIC_DOMAINS:
         opts["seed"] = int(d.SYNTHETIC.SEED)
         opts["num_ids"] = int(d.SYNTHETIC.NUM_IDS)
@@ -32,7 +34,7 @@ def dataset_options(name, cfg):
 
 def build_dataset(name, root=None, cfg=None, **kwargs):
     """Instantiate registered dataset `name` under the resolved root (explicit > REID_DATA > cfg > 'datasets').
-    Options come from `cfg` (CUHK03_LABELED, SYNTHETIC.*) and are overridden by `kwargs` (``combineall``,
+    Options come from `cfg` (CUHK03_LABELED, CUHK03_SPLIT, SYNTHETIC.*) and are overridden by `kwargs` (``combineall``,
     ``domain``, ``labeled``, ...)."""
     cls = DATASET_REGISTRY.get(name)
     opts = dataset_options(name, cfg)
@@ -61,7 +63,6 @@ def build_test_set(name, cfg=None, root=None, verify=True):
     ds = build_dataset(name, root, cfg)
     query, gallery = ds.query, ds.gallery
     if not query or not gallery:
-        from compat.errors import UserError
         raise UserError("%s has no query/gallery images, so it cannot be a test set; remove it from "
                         "DATASETS.TESTS" % name)
     if verify:

@@ -1,5 +1,5 @@
 """The ACL backbone: ResNet-50-IBN-a whose last bottleneck in every stage is replaced by a CODE block
-(acl-dgreid.md B.1).
+(docs/method.md#backbone, #code-block).
 
 CODE block on x (N, C, H, W), K experts, p = C/4:
   static branch   `adaptor_base`: bottleneck C -> p -> p -> C with instance norm everywhere, residual x
