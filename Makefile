@@ -43,7 +43,6 @@ bench: setup
 	REID_BACKEND=mindspore $(MS_PY) bench/train_step.py
 	REID_BACKEND=mindspore $(MS_PY) bench/eval.py
 	REID_BACKEND=mindspore $(MS_PY) bench/optim_step.py
-	REID_BACKEND=torch $(TORCH_PY) bench/optim_step.py
 
 clean-venvs:
 	rm -rf .venv .venv-torch
