@@ -196,6 +196,27 @@ def test_cuhk03_single_shot_matches_loop_and_is_chunk_independent():
                                evaluate_rank(*args, max_rank=20)[0], atol=1e-12)
 
 
+def test_cuhk03_single_shot_exact_values_on_a_hand_computed_case():
+    """Two queries, 8 gallery images; the single-shot draw (one image per gallery identity) cannot change the
+    outcome here, so the CMC is exact for every seed. Query 0 (pid 0, camera 0): g0 is pid 0 in camera 0 and
+    removed; ranked g2 g3 g4 (all pid 2) before its match g1: Market rank 4, single-shot rank 2 (pid 2 is one
+    draw). Query 1 (pid 1): g7 (pid 3), g0 g1 (pid 0), then its matches g5 g6: Market rank 4, single-shot rank
+    3 (pid 0 is one draw). AP is not sampled: 1/4 and (1/4 + 2/5)/2, mAP = 0.2875."""
+    g_pids = np.array([0, 0, 2, 2, 2, 1, 1, 3])
+    g_cams = np.array([0, 1, 1, 1, 1, 1, 1, 1])
+    dist = np.array([[0.05, 0.5, 0.1, 0.2, 0.3, 0.6, 0.7, 0.8],
+                     [0.12, 0.15, 0.7, 0.8, 0.85, 0.4, 0.45, 0.1]])
+    q_pids, q_cams = np.array([0, 1]), np.array([0, 0])
+    for seed in (0, 1, 7):
+        cmc, mAP, _ = evaluate_rank(dist, q_pids, g_pids, q_cams, g_cams, max_rank=5, use_metric_cuhk03=True,
+                                    num_repeats=10, seed=seed)
+        np.testing.assert_allclose(cmc, [0.0, 0.5, 1.0, 1.0, 1.0], atol=1e-12)
+        assert mAP == pytest.approx(0.2875, abs=1e-12)
+    cmc, mAP, _ = evaluate_rank(dist, q_pids, g_pids, q_cams, g_cams, max_rank=5)
+    np.testing.assert_allclose(cmc, [0.0, 0.0, 0.0, 1.0, 1.0], atol=1e-12)
+    assert mAP == pytest.approx(0.2875, abs=1e-12)
+
+
 def test_memory_stays_bounded_by_the_chunk():
     rng = np.random.RandomState(3)
     ng = 4000

@@ -538,7 +538,11 @@ def test_grads_match_torch_autograd(backend):
                                                                                          ref[name]["loss"])
         for g, r in zip(got[name]["grads"], ref[name]["grads"]):
             assert np.all(np.isfinite(g)), name
-            np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-4, err_msg=name)
+            # relative to each gradient's own scale (they range from 1e-2 to 1 across cases; float32 rounding
+            # measured at <= 4e-6 of the largest entry): a fixed atol would hide a wrong small gradient
+            scale = float(np.abs(r).max())
+            np.testing.assert_allclose(g, r, rtol=1e-4, atol=2e-5 * scale + 1e-12, err_msg=name)
+            assert np.linalg.norm(g - r) <= 2e-5 * np.linalg.norm(r) + 1e-12, name
     # an absent domain's classifier gets no gradient
     assert not np.any(got["ce_gap"]["grads"][1]) and np.all(np.any(got["ce_gap"]["grads"][0], axis=1) ==
                                                             (make_inputs()["ce_dom_gap"] == 0))

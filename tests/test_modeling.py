@@ -14,9 +14,10 @@ noise of 0 can flip on one backend and move a few % of the upstream gradients (s
 -6e-6 in float64 came out +1e-5 on MindSpore, -2e-5 on torch). MindSpore cannot serve as its own float64
 reference either (its CPU conv2d, softmax and pow compute float64 inputs in float32). So whole networks are
 held to: outputs and running statistics no further from torch float64 than 4x torch float32's own error
-(+ the fixed tolerance), every parameter gradient within 10% (relative norm) and cosine >= 0.99 of torch's,
-every trainable parameter getting a non-zero gradient (timm-style) on both backends, and the exact
-fast-weight identity. Every module type inside them is held to the fixed tolerances separately.
+(+ the fixed tolerance), every parameter gradient no further from float64 than 4x torch float32's own error
++ 1e-3 (relative norm; measured at most 1.7x; a cosine / 10% bound passed a 5% systematic error), the same
+for the meta-test path at θ - α·g (8x; the Baseline network also at the module tolerances), every trainable
+parameter getting a non-zero gradient (timm-style) on both backends, and the exact fast-weight identity. Every module type inside them is held to the fixed tolerances separately.
 Also: the full-width ACL (256x128, batch 2, eval) on both backends. One child process per backend.
 """
 import numpy as np
@@ -28,6 +29,7 @@ ALPHA = 0.1
 OUT_ATOL, OUT_RTOL = 1e-4, 1e-5        # outputs: 1e-4 absolute (+1e-5 of the value for O(100) distances)
 GRAD_RTOL = 1e-3                       # gradients: 1e-3 relative (elementwise, floor at 1e-3 of the largest)
 STAT_TOL = 1e-5                        # running statistics
+NET_GRAD_FLOOR = 1e-3                  # whole networks: gradient error allowed on top of k x torch float32's
 
 
 # --------------------------------------------------------------------------- cases (run in both backends)
@@ -203,7 +205,7 @@ def case_full_width(seed=5):
 @pytest.fixture(scope="module")
 def results():
     n, k = len(KINDS), len(NETWORKS)
-    f64 = [("tests.test_modeling:case_module", dict(kind=kind, float64=True, full=False)) for kind in NETWORKS]
+    f64 = [("tests.test_modeling:case_module", dict(kind=kind, float64=True)) for kind in NETWORKS]
     torch_res = run_cases("torch", [("tests.test_modeling:case_module", dict(kind=kind)) for kind in KINDS] + f64
                           + [("tests.test_modeling:case_full_width", {})])
     states = dict(zip(KINDS, [r["state"] for r in torch_res[:n]]))
@@ -257,24 +259,54 @@ def test_module_matches_torch(results, kind):
         _assert_close(label, got, want)
 
 
-@pytest.mark.parity
-@pytest.mark.parametrize("kind", NETWORKS)
-def test_network_float32_as_accurate_as_torch(results, kind):
+def _assert_as_accurate_as_torch(results, kind, step, grad_factor):
+    """MindSpore no further from torch float64 than `grad_factor` x torch float32's own error + 1e-3 per
+    gradient (relative norm), and 4x + the fixed tolerance per output and running statistic."""
     ms, tr, exact = results["mindspore"][kind], results["torch"][kind], results["torch64"][kind]
     _same_layout(ms, tr, kind)
-    rows = zip(_pairs(ms, kind, ("train",)), _pairs(tr, kind, ("train",)), _pairs(exact, kind, ("train",)))
+    rows = zip(_pairs(ms, kind, (step,)), _pairs(tr, kind, (step,)), _pairs(exact, kind, (step,)))
     for (label, got), (_, want), (_, ref) in rows:
+        if " %s " % step not in label and step != "train":
+            continue                           # _pairs adds eval outputs and statistics to every step
         assert got.shape == want.shape == ref.shape, label
         if " grad " in label:
-            cos = float((got * want).sum() / (np.linalg.norm(got) * np.linalg.norm(want) + 1e-30))
-            rel = float(np.linalg.norm(got - want) / (np.linalg.norm(want) + 1e-30))
-            assert cos >= 0.99 and rel <= 0.1, "%s: gradient cosine %.4f, relative error %.3g between backends" % (
-                label, cos, rel)
+            scale = float(np.linalg.norm(ref)) + 1e-30
+            err_ms, err_torch = float(np.linalg.norm(got - ref)) / scale, float(np.linalg.norm(want - ref)) / scale
+            assert err_ms <= grad_factor * err_torch + NET_GRAD_FLOOR, (
+                "%s: MindSpore gradient off float64 by %.3g (relative), torch float32 by %.3g" % (label, err_ms, err_torch))
             continue
         err_ms, err_torch = float(np.abs(got - ref).max()), float(np.abs(want - ref).max())
         floor = STAT_TOL if " stat " in label else OUT_ATOL
         assert err_ms <= 4 * err_torch + floor, "%s: MindSpore off float64 by %.3g, torch float32 by %.3g" % (
             label, err_ms, err_torch)
+
+
+@pytest.mark.parity
+@pytest.mark.parametrize("kind", NETWORKS)
+def test_network_float32_as_accurate_as_torch(results, kind):
+    """Train mode ('general'): outputs, gradients and running statistics. Measured: MindSpore's gradient error
+    at most 1.7x torch float32's (+1e-3)."""
+    _assert_as_accurate_as_torch(results, kind, "train", 4)
+
+
+@pytest.mark.parity
+@pytest.mark.parametrize("kind", [
+    "acl_model",
+    pytest.param("baseline_model", marks=pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+        "measured: MindSpore's gradients at θ' = θ - α·g are 1.6-5% off torch float64 upstream of the last "
+        "bottleneck (both 'hold' and 'general' BN), torch float32 4e-4; at θ they agree to 2e-4")))])
+def test_network_fast_weights_as_accurate_as_torch(results, kind):
+    """The meta-test path (fast weights θ - α·g, 'hold' BN) across backends, outputs and gradients. The
+    Baseline network is well conditioned (torch float32 within 4e-4 of float64), so it is held to the module
+    tolerances directly; the ACL network at θ - α·g is not (torch float32 up to 8% off float64 on router and
+    expert-norm gradients; measured: MindSpore's error at most 4.4x torch float32's, +1e-3), so it is held to
+    8x torch float32's own error."""
+    if kind == "baseline_model":
+        ms, tr = results["mindspore"][kind], results["torch"][kind]
+        for (label, got), (_, want) in zip(_pairs(ms, kind, ("fast",)), _pairs(tr, kind, ("fast",))):
+            if " fast " in label:
+                _assert_close(label, got, want)
+    _assert_as_accurate_as_torch(results, kind, "fast", 8)
 
 
 @pytest.mark.parity

@@ -1,0 +1,48 @@
+"""tests/crossenv.py: a missing reference environment fails the test run (pytest exits non-zero) unless
+REID_ALLOW_MISSING_BACKEND=1 asks for skips; run in a child pytest so the exit status itself is checked."""
+import os
+import subprocess
+import sys
+
+from tests.crossenv import ALLOW_MISSING, PYTHONS, ROOT, require_backend
+
+NEEDS_MINDSPORE = '''
+from pathlib import Path
+from tests import crossenv
+
+def test_parity_case_with_the_mindspore_env_missing():
+    crossenv.PYTHONS["mindspore"] = Path("/nonexistent/.venv/bin/python")
+    crossenv.run_case("mindspore", "tests.crossenv:active_backend")
+'''
+
+
+def _child_pytest(tmp_path, allow):
+    """pytest on a one-test file, run by the torch environment with the MindSpore one made to look missing."""
+    (tmp_path / "test_needs_other.py").write_text(NEEDS_MINDSPORE)
+    env = dict(os.environ, REID_BACKEND="torch", PYTHONPATH=str(ROOT))
+    env.pop(ALLOW_MISSING, None)
+    if allow is not None:
+        env[ALLOW_MISSING] = allow
+    python = sys.executable if os.environ.get("REID_BACKEND") == "torch" else str(PYTHONS["torch"])
+    return subprocess.run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
+                           str(tmp_path / "test_needs_other.py")], cwd=str(ROOT), env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_missing_environment_fails_the_run_unless_skipping_is_asked_for(tmp_path):
+    require_backend("torch")
+    failed = _child_pytest(tmp_path, None)
+    assert failed.returncode == 1, failed.stdout[-2000:]
+    assert "1 failed" in failed.stdout and "mindspore environment" in failed.stdout
+    assert ALLOW_MISSING in failed.stdout                     # the failure names the opt-out
+    skipped = _child_pytest(tmp_path, "1")
+    assert skipped.returncode == 0 and "1 skipped" in skipped.stdout, skipped.stdout[-2000:]
+
+
+def test_make_test_does_not_inherit_the_opt_out():
+    """`make test` is what CI runs: it clears REID_ALLOW_MISSING_BACKEND for both pytest runs."""
+    proc = subprocess.run(["make", "-n", "test", "PY39=python3", "PY311=python3"], cwd=str(ROOT),
+                          capture_output=True, text=True, timeout=60, env=dict(os.environ, **{ALLOW_MISSING: "1"}))
+    runs = [line for line in proc.stdout.splitlines() if "-m pytest" in line]
+    assert len(runs) == 2, proc.stdout + proc.stderr
+    assert all(("%s= " % ALLOW_MISSING) in line for line in runs), runs
