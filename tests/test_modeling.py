@@ -17,7 +17,8 @@ held to: outputs and running statistics no further from torch float64 than 4x to
 (+ the fixed tolerance), every parameter gradient no further from float64 than 4x torch float32's own error
 + 1e-3 (relative norm; measured at most 1.7x; a cosine / 10% bound passed a 5% systematic error), the same
 for the meta-test path at θ - α·g (8x; the Baseline network also at the module tolerances), every trainable
-parameter getting a non-zero gradient (timm-style) on both backends, and the exact fast-weight identity. Every module type inside them is held to the fixed tolerances separately.
+parameter getting a non-zero gradient (timm-style) on both backends, and the exact fast-weight identity.
+Every module type inside them is held to the fixed tolerances separately.
 Also: the full-width ACL (256x128, batch 2, eval) on both backends. One child process per backend.
 """
 import numpy as np
@@ -273,7 +274,8 @@ def _assert_as_accurate_as_torch(results, kind, step, grad_factor):
             scale = float(np.linalg.norm(ref)) + 1e-30
             err_ms, err_torch = float(np.linalg.norm(got - ref)) / scale, float(np.linalg.norm(want - ref)) / scale
             assert err_ms <= grad_factor * err_torch + NET_GRAD_FLOOR, (
-                "%s: MindSpore gradient off float64 by %.3g (relative), torch float32 by %.3g" % (label, err_ms, err_torch))
+                "%s: MindSpore gradient off float64 by %.3g (relative), torch float32 by %.3g"
+                % (label, err_ms, err_torch))
             continue
         err_ms, err_torch = float(np.abs(got - ref).max()), float(np.abs(want - ref).max())
         floor = STAT_TOL if " stat " in label else OUT_ATOL

@@ -99,14 +99,6 @@ def case_steps(root, out, weights, iterations, state_dir, extra=(), follow=False
             "lrs": [trainer.schedule.lr_at(it) for it in range(iterations)]}
 
 
-@pytest.fixture(scope="module")
-def synth_root(tmp_path_factory):
-    from reid.data.synthetic import ensure_synthetic
-    root = tmp_path_factory.mktemp("data")
-    ensure_synthetic(str(root / "synthetic"), seed=0, num_ids=16, workers=1, progress=False)
-    return str(root)
-
-
 # Per-step update bounds (tests/parity.py: a skipped update scores 1, a half-size one 0.5), as (over all
 # trainable tensors, per tensor) for each NUM_SPLITS. Measured on the cases below (loaded 2-core machine, both
 # backends in float32): worst step 0.015 overall and 0.072 per tensor with one split, 0.042 and 0.19 with
@@ -147,8 +139,8 @@ def test_steps_match_between_backends(synth_root, tmp_path, splits, iterations):
     pt = run_cases("torch", [("tests.test_training:case_steps", dict(kwargs, out=str(tmp_path / "pt")))])[0]
     ms = run_cases("mindspore", [("tests.test_training:case_steps",
                                   dict(kwargs, out=str(tmp_path / "ms"), follow=True))])[0]
-    assert ms["kinds"] == pt["kinds"] and pt["kinds"] == [k for it in range(iterations) for k in (["basic"] * (2 if it == 0 else 1)
-                                                                  + ["meta"] * (it % 3 == 0))]
+    plan = [k for it in range(iterations) for k in ["basic"] * (2 if it == 0 else 1) + ["meta"] * (it % 3 == 0)]
+    assert ms["kinds"] == pt["kinds"] == plan
     base_lr = 0.04
     assert min(pt["lrs"][4:]) > 0.5 * base_lr          # past the warmup, far from eta_min (4e-5)
     np.testing.assert_allclose(ms["losses"], pt["losses"], rtol=1e-3)

@@ -14,11 +14,11 @@ import math
 import numpy as np
 import pytest
 
-from tests.crossenv import active_backend, run_cases
+from tests.crossenv import run_cases
 from tests.parity import assert_update_matches, update_errors
-from tests.test_training import NO_AUG, _cfg, synth_root  # noqa: F401  (synth_root is a fixture)
+from tests.test_training import NO_AUG, _cfg
 
-# the spec's loss weights (acl-dgreid C.4), written here rather than read from the config so that a wrong
+# the spec's loss weights (docs/method.md section 3), written here rather than read from the config so that a wrong
 # default fails too
 CE_SCALE, CENTER_BASIC, CENTER_MTEST, TRI_MARGIN = 0.5, 5e-4, 1e-3, 0.3
 
@@ -42,7 +42,8 @@ def _spec_lr(cfg, iters_per_epoch, it):
         a = it / warmup
         return s.BASE_LR * (s.WARMUP_FACTOR * (1 - a) + a)
     step = it // iters_per_epoch - s.WARMUP_EPOCHS + 1
-    return s.ETA_MIN_LR + (s.BASE_LR - s.ETA_MIN_LR) * (1 + math.cos(math.pi * step / (s.MAX_EPOCH - s.WARMUP_EPOCHS))) / 2
+    cosine = math.cos(math.pi * step / (s.MAX_EPOCH - s.WARMUP_EPOCHS))
+    return s.ETA_MIN_LR + (s.BASE_LR - s.ETA_MIN_LR) * (1 + cosine) / 2
 
 
 def test_spec_defaults():
@@ -158,7 +159,6 @@ def _maml_reference(trainer, batches, train_domains, test_domain, lr):
 
 @pytest.fixture(scope="module")
 def meta_weights(synth_root, tmp_path_factory):
-    from tests.test_training import case_initial_weights
     tmp = tmp_path_factory.mktemp("meta")
     path = str(tmp / "init.pth")
     run_cases("torch", [("tests.test_training:case_initial_weights", dict(root=synth_root, out=str(tmp / "i"),
@@ -254,12 +254,14 @@ def _reference_objective(kind, out, targets, domains, offsets):
     f, p = out["feat_norm"], out["paths"]
     cluster = np_intra(p, domains, 0.1) + np_inter(p, domains, 0.3)
     if kind == "basic":
-        return (np_ce(out["logits"], targets, domains, offsets, 0.1, CE_SCALE) + np_triplet(f, targets, margin=TRI_MARGIN)
-                + cluster + CENTER_BASIC * np_center(out["center_dist"], targets))
+        return (np_ce(out["logits"], targets, domains, offsets, 0.1, CE_SCALE)
+                + np_triplet(f, targets, margin=TRI_MARGIN) + cluster
+                + CENTER_BASIC * np_center(out["center_dist"], targets))
     if kind == "mtrain":
-        return (np_triplet(f, targets, domains, "add", margin=0.0) + np_triplet(f, targets, domains, "mtrain", TRI_MARGIN)
-                + np_sct(f, domains) + cluster)
-    return np_triplet(f, targets, domains, "mtest", TRI_MARGIN) + cluster + CENTER_MTEST * np_center(out["center_dist"], targets)
+        return (np_triplet(f, targets, domains, "add", margin=0.0)
+                + np_triplet(f, targets, domains, "mtrain", TRI_MARGIN) + np_sct(f, domains) + cluster)
+    return (np_triplet(f, targets, domains, "mtest", TRI_MARGIN) + cluster
+            + CENTER_MTEST * np_center(out["center_dist"], targets))
 
 
 @pytest.mark.parametrize("splits", [1, 4])
