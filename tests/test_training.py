@@ -167,7 +167,7 @@ def test_resume_continues_the_same_trajectory(synth_root, tmp_path):
     full = _trainer(synth_root, str(tmp_path / "full"))
     full.train(max_iter=8)
     part = _trainer(synth_root, str(tmp_path / "part"))
-    part.hooks = [_SaveAt(4)]
+    part.register_hooks([_save_at(4)])
     part.train(max_iter=5)
     resumed = _trainer(synth_root, str(tmp_path / "part"), resume=True)
     assert resumed.start_iter == 5
@@ -180,29 +180,21 @@ def test_resume_continues_the_same_trajectory(synth_root, tmp_path):
         np.testing.assert_allclose(b[name], a[name], rtol=1e-5, atol=1e-7, err_msg=name)
 
 
-class _SaveAt:
-    def __init__(self, iteration):
-        self.iteration = iteration
+def _save_at(iteration):
+    from reid.engine.train_loop import HookBase
 
-    def before_train(self, trainer):
-        pass
-
-    def after_step(self, trainer):
-        if trainer.iter == self.iteration:
-            trainer.save_checkpoint("model_%07d.pth" % trainer.iter)
-
-    def after_train(self, trainer):
-        pass
-
-    def close(self, trainer):
-        pass
+    class SaveAt(HookBase):
+        def after_step(self):
+            if self.trainer.iter == iteration:
+                self.trainer.save_checkpoint("model_%07d.pth" % iteration)
+    return SaveAt()
 
 
 def test_nan_loss_stops_and_keeps_the_last_checkpoint(synth_root, tmp_path, monkeypatch):
     from reid.engine import trainer as trainer_mod
     out = str(tmp_path / "nan")
     t = _trainer(synth_root, out)
-    t.hooks = [_SaveAt(1)]
+    t.register_hooks([_save_at(1)])
     real = trainer_mod.objective
 
     def poisoned(kind, *args, **kwargs):
@@ -227,7 +219,7 @@ def test_training_reduces_the_loss_on_a_fixed_batch(synth_root, tmp_path):
     losses = []
     for _ in range(25):
         t.basic_step()
-        losses.append(t.last_terms["loss_basic"])
+        losses.append(t.storage.latest()["loss_basic"][0])
     assert losses[-1] < 0.5 * losses[0], losses
 
 
