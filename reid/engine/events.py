@@ -150,10 +150,13 @@ class MetricsWriter:
         self.tb = TensorBoardWriter(os.path.join(output_dir, "tb")) if tensorboard else None
 
     def truncate_after(self, iteration):
-        """On resume: drop records past `iteration` so the log continues without duplicates."""
+        """Before a run that starts at `iteration`: drop the records of `iteration` and later, so that a resumed
+        run continues the log without duplicates. A run from iteration 0 starts an empty log (the evaluation
+        before training, iteration -1, belongs to it too)."""
         if not os.path.exists(self.path):
             return
-        kept = [r for r in read_metrics(self.path, tolerate_torn_end=True) if r.get("iteration", -1) < iteration]
+        kept = [r for r in read_metrics(self.path, tolerate_torn_end=True)
+                if iteration > 0 and r.get("iteration", -1) < iteration]
         tmp = self.path + ".tmp"
         with open(tmp, "w") as fh:
             for record in kept:
