@@ -100,11 +100,13 @@ def test_evaluator_keeps_the_last_and_the_best_by_map_plus_rank1(tmp_path):
         return {"SynthD": {"mAP": mAP, "Rank-1": rank1, "Rank-5": 50.0, "Rank-10": 60.0, "mINP": 1.0}}
 
     loop = ScriptedLoop(tmp_path, max_iter=8, iters_per_epoch=2)
-    evaluator = Evaluator(evaluate_fn, period_epochs=1, at_start=True)
+    reference = {"name": "reference", "iteration": None, "results": {"SynthD": {"mAP": 5.0, "Rank-1": 6.0}}}
+    evaluator = Evaluator(evaluate_fn, period_epochs=1, at_start=True, extra_rows=[reference])
     loop.register_hooks([evaluator])
     loop.train(0, 8)
-    assert [(r["name"], r["iteration"], r["epoch"]) for r in evaluator.rows()] == [
+    assert [(r["name"], r["iteration"], r["epoch"]) for r in evaluator.rows() if r is not reference] == [
         ("untrained", -1, 0), ("last", 7, 4), ("best", 3, 2)]
+    assert evaluator.rows()[1] is reference
     assert evaluator.best["score"] == 25.0 and evaluator.best["weights"] == "model_best.pth"
     assert evaluator.last["weights"] == "model_final.pth" and evaluator.last["results"]["SynthD"]["mAP"] == 15.0
     assert loop.saved == [(1, "model_best.pth", False), (3, "model_best.pth", False)]
@@ -114,13 +116,14 @@ def test_evaluator_keeps_the_last_and_the_best_by_map_plus_rank1(tmp_path):
     assert loop.storage.latest()["SynthD/mAP"] == (15.0, 7)
     data = json.loads((tmp_path / "results.json").read_text())
     assert data["iteration"] == 7 and data["results"]["SynthD"]["mAP"] == 15.0
-    assert [(r["name"], r["iteration"]) for r in data["rows"]] == [("untrained", -1), ("last", 7), ("best", 3)]
-    table = format_rows_table(data["rows"]).splitlines()
-    assert table[0].split("|")[1:4] == [" Model     ", " Iteration ", " Dataset "]
-    assert [line.split("|")[1].strip() for line in table[2:]] == ["untrained", "last", "best"]
-    best_line = [cell.strip() for cell in table[4].split("|")[1:-1]]
-    assert best_line == ["best", "3", "SynthD", "20.0", "50.0", "60.0", "30.0", "1.0"]
-    assert table[2].split("|")[2].strip() == "-"
+    assert [(r["name"], r["iteration"]) for r in data["rows"]] == [
+        ("untrained", -1), ("reference", None), ("last", 7), ("best", 3)]
+    table = [[cell.strip() for cell in line.split("|")[1:-1]] for line in format_rows_table(data["rows"]).splitlines()]
+    assert table[0] == ["Model", "Iteration", "Dataset", "Rank-1", "Rank-5", "Rank-10", "mAP", "mINP"]
+    assert table[2:] == [["untrained", "-", "SynthD", "2.0", "50.0", "60.0", "1.0", "1.0"],
+                         ["reference", "-", "SynthD", "6.0", "-", "-", "5.0", "-"],
+                         ["last", "7", "SynthD", "15.0", "50.0", "60.0", "15.0", "1.0"],
+                         ["best", "3", "SynthD", "20.0", "50.0", "60.0", "30.0", "1.0"]]
 
     restored = Evaluator(evaluate_fn, period_epochs=1)
     restored.load_state_dict(saved["hooks"]["Evaluator"])
@@ -236,3 +239,13 @@ def test_supervisor_never_resumes_from_an_earlier_runs_checkpoint(tmp_path):
     (tmp_path / "runs.jsonl").unlink()
     rc, runs, _ = _supervise(tmp_path, "SIGSEGV,0", resume=True)
     assert rc == 0 and runs == [["--resume"], ["--resume"]]
+
+
+def test_rows_table_with_several_targets_adds_their_average():
+    from reid.evaluation import format_rows_table
+    metrics = lambda v: {"Rank-1": v, "Rank-5": v, "Rank-10": v, "mAP": v / 2, "mINP": 1.0}  # noqa: E731
+    text = format_rows_table([{"name": "last", "iteration": 12, "results": {"A": metrics(10.0), "B": metrics(20.0)}}])
+    table = [[cell.strip() for cell in line.split("|")[1:-1]] for line in text.splitlines()[2:]]
+    assert table == [["last", "12", "A", "10.0", "10.0", "10.0", "5.0", "1.0"],
+                     ["last", "12", "B", "20.0", "20.0", "20.0", "10.0", "1.0"],
+                     ["last", "12", "Average", "15.0", "15.0", "15.0", "7.5", "1.0"]]

@@ -132,10 +132,13 @@ class Evaluator(HookBase):
 
     An evaluation is a row: {"name", "iteration", "epoch", "results": {dataset: metrics}} plus "weights"
     (a file in OUTPUT_DIR) where the evaluated weights were saved. `rows()` lists "untrained" (with
-    at_start), "last" and "best"."""
+    at_start), the `extra_rows` given (rows of references that are not training iterations, e.g.
+    {"name": "colour histogram", "iteration": None, "results": ...}; the caller supplies them on every run),
+    "last" and "best"."""
 
-    def __init__(self, evaluate_fn, period_epochs, at_start=False):
+    def __init__(self, evaluate_fn, period_epochs, at_start=False, extra_rows=()):
         self.evaluate_fn, self.period, self.at_start = evaluate_fn, max(int(period_epochs), 0), at_start
+        self.extra_rows = list(extra_rows)
         self.initial = self.last = self.best = None
 
     def state_dict(self):
@@ -173,7 +176,7 @@ class Evaluator(HookBase):
         self.write_results()
 
     def rows(self):
-        return [row for row in (self.initial, self.last, self.best) if row is not None]
+        return [row for row in [self.initial] + self.extra_rows + [self.last, self.best] if row is not None]
 
     def write_results(self):
         """results.json: `rows` (see the class), and the last evaluation's iteration, epoch and results at
