@@ -224,7 +224,8 @@ def test_supervisor_gives_up_after_max_restarts(tmp_path):
     assert messages[-1] == "training process killed by SIGSEGV; not restarted (--max-restarts 1 used up)"
 
 
-@pytest.mark.parametrize("plan,rc", [("2,0", 2), ("SIGTERM,0", 128 + signal.SIGTERM), ("SIGINT,0", 128 + signal.SIGINT)])
+@pytest.mark.parametrize("plan,rc", [("2,0", 2), ("SIGTERM,0", 128 + signal.SIGTERM),
+                                     ("SIGINT,0", 128 + signal.SIGINT)])
 def test_supervisor_does_not_restart_errors_or_requested_stops(tmp_path, plan, rc):
     got, runs, messages = _supervise(tmp_path, plan)
     assert got == rc and len(runs) == 1 and messages == []
