@@ -250,3 +250,29 @@ def test_rows_table_with_several_targets_adds_their_average():
     assert table == [["last", "12", "A", "10.0", "10.0", "10.0", "5.0", "1.0"],
                      ["last", "12", "B", "20.0", "20.0", "20.0", "10.0", "1.0"],
                      ["last", "12", "Average", "15.0", "15.0", "15.0", "7.5", "1.0"]]
+
+
+def test_supervisor_passes_sigterm_on_and_does_not_restart(tmp_path):
+    """SIGTERM sent to the supervising process (a scheduler stopping the job) reaches the training process,
+    which ends, and nothing is restarted."""
+    import subprocess
+    import time
+    from tests.crossenv import ROOT
+    child = "import os, sys, time; open(sys.argv[1], 'a').write('%d\\n' % os.getpid()); time.sleep(120)"
+    started = tmp_path / "started"
+    script = ("import sys; from reid.engine.supervisor import supervise; "
+              "sys.exit(supervise([sys.executable, '-c', %r, %r], %r, 3))" % (child, str(started), str(tmp_path)))
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=str(ROOT), env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    try:
+        deadline = time.time() + 60
+        while not (started.exists() and started.read_text().endswith("\n")):
+            assert time.time() < deadline and proc.poll() is None
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    (pid,) = [int(line) for line in started.read_text().split()]  # started once, never again
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
