@@ -99,11 +99,16 @@ def test_evaluator_keeps_the_last_and_the_best_by_map_plus_rank1(tmp_path):
         mAP, rank1 = next(scripted)
         return {"SynthD": {"mAP": mAP, "Rank-1": rank1, "Rank-5": 50.0, "Rank-10": 60.0, "mINP": 1.0}}
 
+    from reid.engine.hooks import MetricsLogger
     loop = ScriptedLoop(tmp_path, max_iter=8, iters_per_epoch=2)
     reference = {"name": "reference", "iteration": None, "results": {"SynthD": {"mAP": 5.0, "Rank-1": 6.0}}}
     evaluator = Evaluator(evaluate_fn, period_epochs=1, at_start=True, extra_rows=[reference])
-    loop.register_hooks([evaluator])
+    writer = MetricsWriter(str(tmp_path), tensorboard=False)
+    # LOG_PERIOD 5 does not meet the evaluations: the log is also written after each of them
+    loop.register_hooks([evaluator, MetricsLogger(writer, period=5, flush_at=evaluator.due)])
     loop.train(0, 8)
+    logged = [(r["iteration"], r["SynthD/mAP"]) for r in read_metrics(writer.path) if "SynthD/mAP" in r]
+    assert logged == [(-1, 1.0), (1, 10.0), (3, 30.0), (5, 20.0), (7, 15.0)]
     assert [(r["name"], r["iteration"], r["epoch"]) for r in evaluator.rows() if r is not reference] == [
         ("untrained", -1, 0), ("last", 7, 4), ("best", 3, 2)]
     assert evaluator.rows()[1] is reference

@@ -55,9 +55,10 @@ class ProgressBar(HookBase):
 
 class MetricsLogger(HookBase):
     """metrics.json records (and TensorBoard scalars) every LOG_PERIOD iterations, after the last one, and
-    before every checkpoint (`flush_at(iteration)`): one record per iteration, holding the newest value of
-    each scalar put for that iteration and not yet written, so a record holds only what happened in its
-    own iteration (a meta step's terms appear under the iteration of that meta step)."""
+    where `flush_at(iteration)` says so (after evaluations, whose values the next one would replace, and
+    before checkpoints): one record per iteration, holding the newest value of each scalar put for that
+    iteration and not yet written, so a record holds only what happened in its own iteration (a meta step's
+    terms appear under the iteration of that meta step)."""
 
     def __init__(self, writer, period, flush_at=None):
         self.writer, self.period = writer, max(int(period), 1)
@@ -66,14 +67,20 @@ class MetricsLogger(HookBase):
 
     def before_train(self):
         self.writer.truncate_after(self.trainer.start_iter)
+        self.write(upto=self.trainer.start_iter - 1)  # the evaluation before training (hooks before this one)
 
-    def write(self):
+    def write(self, upto=None):
+        """Write the records of the iterations after the last written one, up to `upto` (default: the
+        current iteration)."""
         t = self.trainer
+        upto = t.iter if upto is None else upto
         for iteration, scalars in sorted(t.storage.since(self.written).items()):
+            if iteration > upto:
+                continue
             record = {"iteration": iteration, "epoch": max(iteration, 0) // t.iters_per_epoch}
             record.update(scalars)
             self.writer.write(record)
-        self.written = t.iter
+        self.written = upto
 
     def after_step(self):
         t = self.trainer
@@ -158,12 +165,14 @@ class Evaluator(HookBase):
         if self.at_start and self.trainer.start_iter == 0:
             self.initial = self._evaluate("untrained", -1, 0)
 
-    def due(self):
-        t = self.trainer
-        return is_last_iteration(t) or bool(self.period and epoch_ended(t) and completed_epochs(t) % self.period == 0)
+    def due(self, iteration):
+        """Whether an evaluation follows `iteration`."""
+        t, done = self.trainer, iteration + 1
+        return done == t.max_iter or bool(self.period and done % t.iters_per_epoch == 0
+                                          and (done // t.iters_per_epoch) % self.period == 0)
 
     def after_step(self):
-        if not self.due():
+        if not self.due(self.trainer.iter):
             return
         t = self.trainer
         self.last = self._evaluate("last", t.iter, completed_epochs(t))
@@ -203,9 +212,14 @@ def default_hooks(trainer, evaluate_fn=None, progress=True):
     cfg = trainer.cfg
     writer = MetricsWriter(cfg.OUTPUT_DIR)
     checkpointer = PeriodicCheckpointer(cfg.SOLVER.CHECKPOINT_PERIOD, cfg.SOLVER.CHECKPOINT_ITERS)
+    evaluator = Evaluator(evaluate_fn, cfg.TEST.EVAL_PERIOD, at_start=cfg.TEST.EVAL_AT_START) if evaluate_fn else None
+
+    def flush_at(iteration):
+        return checkpointer.due(iteration) is not None or (evaluator is not None and evaluator.due(iteration))
+
     hooks = [ProgressBar() if progress else None,
-             Evaluator(evaluate_fn, cfg.TEST.EVAL_PERIOD, at_start=cfg.TEST.EVAL_AT_START) if evaluate_fn else None,
-             MetricsLogger(writer, cfg.LOG_PERIOD, flush_at=checkpointer.due),
+             evaluator,
+             MetricsLogger(writer, cfg.LOG_PERIOD, flush_at=flush_at),
              checkpointer,
              CurvePlotter(writer.path, os.path.join(cfg.OUTPUT_DIR, "curves.png"))]
     return [h for h in hooks if h is not None]
