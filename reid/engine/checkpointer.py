@@ -16,11 +16,14 @@ class Checkpointer:
     def path(self, name):
         return os.path.join(self.output_dir, name)
 
-    def save(self, name, state):
-        """Write `state` to OUTPUT_DIR/name, then point last_checkpoint at it (both atomic)."""
+    def save(self, name, state, point=True):
+        """Write `state` to OUTPUT_DIR/name, then (`point`) point last_checkpoint at it (both atomic).
+        model_best.pth is saved with point=False: --resume continues from the newest state, not the best."""
         os.makedirs(self.output_dir, exist_ok=True)
         target = self.path(name)
         ckpt_io.save(state, target)
+        if not point:
+            return target
         tmp = self.path(POINTER + ".tmp")
         with open(tmp, "w") as fh:
             fh.write(name + "\n")

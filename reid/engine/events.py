@@ -103,6 +103,44 @@ class TensorBoardWriter:
             self._fh.close()
 
 
+class EventStorage:
+    """What happened during training, as scalars tagged with the iteration they belong to.
+
+    Steps and hooks `put_scalar(name, value)` during iteration `iter` (the trainer keeps `iter` current);
+    a value that belongs elsewhere names its iteration (the evaluation before training is iteration -1).
+    Readers get the newest value of each name with its iteration (`latest()`), or everything put for one
+    iteration (`at(iteration)`), so a value is never reported under an iteration it did not happen in.
+    """
+
+    def __init__(self, start_iter=0):
+        self.iter = int(start_iter)
+        self._latest = {}  # name -> (value, iteration)
+
+    def put_scalar(self, name, value, iteration=None):
+        value = value if isinstance(value, int) and not isinstance(value, bool) else float(value)
+        self._latest[name] = (value, self.iter if iteration is None else int(iteration))
+
+    def put_scalars(self, scalars, iteration=None):
+        for name, value in scalars.items():
+            self.put_scalar(name, value, iteration)
+
+    def latest(self):
+        """{name: (value, iteration)} of the newest value put under each name."""
+        return dict(self._latest)
+
+    def at(self, iteration):
+        """{name: value} of the values put for `iteration` (and not replaced since)."""
+        return {name: value for name, (value, it) in self._latest.items() if it == iteration}
+
+    def since(self, iteration):
+        """{iteration: {name: value}} of the newest values whose iteration is after `iteration` (None: all)."""
+        out = {}
+        for name, (value, it) in self._latest.items():
+            if iteration is None or it > iteration:
+                out.setdefault(it, {})[name] = value
+        return out
+
+
 class MetricsWriter:
     """Appends one JSON object per logged iteration to metrics.json and mirrors scalars to TensorBoard."""
 
@@ -112,10 +150,13 @@ class MetricsWriter:
         self.tb = TensorBoardWriter(os.path.join(output_dir, "tb")) if tensorboard else None
 
     def truncate_after(self, iteration):
-        """On resume: drop records past `iteration` so the log continues without duplicates."""
+        """Before a run that starts at `iteration`: drop the records of `iteration` and later, so that a resumed
+        run continues the log without duplicates. A run from iteration 0 starts an empty log (the evaluation
+        before training, iteration -1, belongs to it too)."""
         if not os.path.exists(self.path):
             return
-        kept = [r for r in read_metrics(self.path) if r.get("iteration", -1) < iteration]
+        kept = [r for r in read_metrics(self.path, tolerate_torn_end=True)
+                if iteration > 0 and r.get("iteration", -1) < iteration]
         tmp = self.path + ".tmp"
         with open(tmp, "w") as fh:
             for record in kept:
@@ -137,9 +178,20 @@ class MetricsWriter:
             self.tb.close()
 
 
-def read_metrics(path):
+def read_metrics(path, tolerate_torn_end=False):
+    """The records of a metrics.json. `tolerate_torn_end`: drop an unreadable last line, which is what a
+    process killed in the middle of a write leaves (resume then rewrites the file without it)."""
     with open(path) as fh:
-        return [json.loads(line) for line in fh if line.strip()]
+        lines = [line for line in fh if line.strip()]
+    records = []
+    for i, line in enumerate(lines):
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            if tolerate_torn_end and i == len(lines) - 1:
+                break
+            raise
+    return records
 
 
 def plot_curves(metrics_path, out_png):

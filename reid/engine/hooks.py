@@ -1,25 +1,25 @@
-"""Hooks around the training loop (detectron2/fast-reid style): progress, logs, checkpoints, evaluation,
-plots. Each sees the trainer after every iteration and at the end."""
+"""Hooks registered on the training loop: progress, metrics logs, evaluation (last and best), checkpoints,
+plots. Each reads what the steps measured from `trainer.storage` and keeps what it produces itself.
+
+Order matters within one iteration (`default_hooks`): the evaluator runs first, so that the metrics log
+written next holds its scalars and the checkpoint written last holds its state. A checkpoint therefore never
+lacks an evaluation or a log record that an uninterrupted run would have made before that point, which is
+what lets a resumed run (`--resume`, or a restart after a crash) end with the same logs and results.
+"""
+import glob
 import json
 import os
 
 from tqdm import tqdm
 
 from reid.engine.events import MetricsWriter, plot_curves
+from reid.engine.train_loop import HookBase
 
+BEST_CHECKPOINT = "model_best.pth"
+FINAL_CHECKPOINT = "model_final.pth"
 
-class HookBase:
-    def before_train(self, trainer):
-        pass
-
-    def after_step(self, trainer):
-        pass
-
-    def after_train(self, trainer):
-        pass
-
-    def close(self, trainer):
-        pass
+__all__ = ["HookBase", "ProgressBar", "MetricsLogger", "PeriodicCheckpointer", "Evaluator", "CurvePlotter",
+           "default_hooks", "selection_score", "BEST_CHECKPOINT", "FINAL_CHECKPOINT"]
 
 
 def epoch_ended(trainer):
@@ -30,121 +30,196 @@ def completed_epochs(trainer):
     return (trainer.iter + 1) // trainer.iters_per_epoch
 
 
+def is_last_iteration(trainer):
+    return trainer.iter + 1 == trainer.max_iter
+
+
 class ProgressBar(HookBase):
-    def before_train(self, trainer):
-        self.bar = tqdm(total=trainer.max_iter, initial=trainer.start_iter, desc="train", unit="it",
+    def before_train(self):
+        self.bar = tqdm(total=self.trainer.max_iter, initial=self.trainer.start_iter, desc="train", unit="it",
                         dynamic_ncols=True, mininterval=1.0)
 
-    def after_step(self, trainer):
-        t = trainer.last_terms
-        postfix = {"loss": "%.3f" % t.get("loss_basic", float("nan")), "lr": "%.2e" % t.get("lr", 0.0)}
-        if "meta/loss_mtest" in t:
-            postfix["meta"] = "%.3f" % (t["meta/loss_mtrain"] + t["meta/loss_mtest"])
+    def after_step(self):
+        latest = self.trainer.storage.latest()
+        value = lambda name, default: latest[name][0] if name in latest else default  # noqa: E731
+        postfix = {"loss": "%.3f" % value("loss_basic", float("nan")), "lr": "%.2e" % value("lr", 0.0)}
+        if "meta/loss_mtest" in latest:  # the newest meta step's loss (meta steps run every META.PERIOD)
+            postfix["meta"] = "%.3f" % (value("meta/loss_mtrain", 0.0) + value("meta/loss_mtest", 0.0))
         self.bar.set_postfix(postfix, refresh=False)
         self.bar.update(1)
 
-    def close(self, trainer):
+    def after_train(self):
         if hasattr(self, "bar"):
             self.bar.close()
 
 
 class MetricsLogger(HookBase):
-    """One metrics.json record (and TensorBoard scalars) every LOG_PERIOD iterations and at the last one."""
+    """metrics.json records (and TensorBoard scalars) every LOG_PERIOD iterations, after the last one, and
+    where `flush_at(iteration)` says so (after evaluations, whose values the next one would replace, and
+    before checkpoints): one record per iteration, holding the newest value of each scalar put for that
+    iteration and not yet written, so a record holds only what happened in its own iteration (a meta step's
+    terms appear under the iteration of that meta step)."""
 
-    def __init__(self, writer, period):
+    def __init__(self, writer, period, flush_at=None):
         self.writer, self.period = writer, max(int(period), 1)
+        self.flush_at = flush_at or (lambda iteration: False)
+        self.written = None  # iteration up to which records were written (None: nothing yet)
 
-    def before_train(self, trainer):
-        self.writer.truncate_after(trainer.start_iter)
+    def before_train(self):
+        self.writer.truncate_after(self.trainer.start_iter)
+        self.write(upto=self.trainer.start_iter - 1)  # the evaluation before training (hooks before this one)
 
-    def after_step(self, trainer):
-        if (trainer.iter + 1) % self.period and trainer.iter + 1 != trainer.max_iter:
-            return
-        record = {"iteration": trainer.iter, "epoch": trainer.epoch}
-        record.update(trainer.last_terms)
-        self.writer.write(record)
+    def write(self, upto=None):
+        """Write the records of the iterations after the last written one, up to `upto` (default: the
+        current iteration)."""
+        t = self.trainer
+        upto = t.iter if upto is None else upto
+        for iteration, scalars in sorted(t.storage.since(self.written).items()):
+            if iteration > upto:
+                continue
+            record = {"iteration": iteration, "epoch": max(iteration, 0) // t.iters_per_epoch}
+            record.update(scalars)
+            self.writer.write(record)
+        self.written = upto
 
-    def close(self, trainer):
+    def after_step(self):
+        t = self.trainer
+        if (t.iter + 1) % self.period == 0 or is_last_iteration(t) or self.flush_at(t.iter):
+            self.write()
+
+    def after_train(self):
+        self.write()  # what is left after an error (the iteration that failed): useful for a diagnosis
         self.writer.close()
 
 
 class PeriodicCheckpointer(HookBase):
-    """`model_XXXX.pth` every CHECKPOINT_PERIOD epochs (XXXX = epochs done) and `model_final.pth` at the end."""
+    """`model_XXXX.pth` every CHECKPOINT_PERIOD epochs (XXXX = epochs done), `model_iter_XXXXXXX.pth` every
+    CHECKPOINT_ITERS iterations (XXXXXXX = iterations done; only the newest is kept: it exists so that a
+    crash in a long epoch loses little) and `model_final.pth` after the last iteration. Each becomes the
+    checkpoint --resume continues from."""
 
-    def __init__(self, period_epochs):
+    def __init__(self, period_epochs, period_iters=0):
         self.period = max(int(period_epochs), 0)
+        self.period_iters = max(int(period_iters), 0)
 
-    def after_step(self, trainer):
-        if trainer.iter + 1 == trainer.max_iter or not epoch_ended(trainer) or not self.period:
+    def due(self, iteration):
+        """Name of the checkpoint written after `iteration`, or None."""
+        t = self.trainer
+        done = iteration + 1
+        if done == t.max_iter:
+            return FINAL_CHECKPOINT
+        if self.period and done % t.iters_per_epoch == 0 and (done // t.iters_per_epoch) % self.period == 0:
+            return "model_%04d.pth" % (done // t.iters_per_epoch)
+        if self.period_iters and done % self.period_iters == 0:
+            return "model_iter_%07d.pth" % done
+        return None
+
+    def after_step(self):
+        name = self.due(self.trainer.iter)
+        if name is None:
             return
-        if completed_epochs(trainer) % self.period == 0:
-            trainer.save_checkpoint("model_%04d.pth" % completed_epochs(trainer))
+        path = self.trainer.save_checkpoint(name)
+        if name.startswith("model_iter_"):  # the pointer has moved to the new one: older ones are not needed
+            for old in glob.glob(os.path.join(os.path.dirname(path), "model_iter_*.pth")):
+                if os.path.basename(old) != name:
+                    os.remove(old)
 
-    def after_train(self, trainer):
-        if trainer.iter + 1 == trainer.max_iter:
-            trainer.save_checkpoint("model_final.pth")
+
+def selection_score(results):
+    """What model_best is chosen by (as the original): (mAP + Rank-1) / 2 on the target dataset, averaged
+    over the targets when there are several."""
+    scores = [(m["mAP"] + m["Rank-1"]) / 2.0 for m in results.values()]
+    return sum(scores) / len(scores)
 
 
 class Evaluator(HookBase):
-    """Evaluates on DATASETS.TESTS every EVAL_PERIOD epochs and at the end; `results.json` keeps the last."""
+    """Evaluates on DATASETS.TESTS every EVAL_PERIOD epochs and after the last iteration (and, with
+    `at_start`, before training). Keeps the last evaluation and the best one by `selection_score` (the
+    earliest of equals), saves the weights of the best as model_best.pth, and writes results.json.
 
-    def __init__(self, evaluate_fn, period_epochs, writer, at_start=False):
-        self.evaluate_fn, self.period, self.writer = evaluate_fn, max(int(period_epochs), 0), writer
-        self.at_start = at_start
-        self.history = []
+    An evaluation is a row: {"name", "iteration", "epoch", "results": {dataset: metrics}} plus "weights"
+    (a file in OUTPUT_DIR) where the evaluated weights were saved. `rows()` lists "untrained" (with
+    at_start), the `extra_rows` given (rows of references that are not training iterations, e.g.
+    {"name": "colour histogram", "iteration": None, "results": ...}; the caller supplies them on every run),
+    "last" and "best"."""
 
-    def _evaluate(self, trainer, iteration, epoch):
-        """Evaluate and log one metrics.json record ("<dataset>/<metric>" keys); returns (results, record)."""
-        results = self.evaluate_fn(trainer.model)
-        record = {"iteration": iteration, "epoch": epoch}
+    def __init__(self, evaluate_fn, period_epochs, at_start=False, extra_rows=()):
+        self.evaluate_fn, self.period, self.at_start = evaluate_fn, max(int(period_epochs), 0), at_start
+        self.extra_rows = list(extra_rows)
+        self.initial = self.last = self.best = None
+
+    def state_dict(self):
+        return {"initial": self.initial, "last": self.last, "best": self.best}
+
+    def load_state_dict(self, state):
+        self.initial, self.last, self.best = state.get("initial"), state.get("last"), state.get("best")
+
+    def _evaluate(self, name, iteration, epoch):
+        t = self.trainer
+        results = self.evaluate_fn(t.model)
         for dataset, metrics in results.items():
-            record.update({"%s/%s" % (dataset, k): v for k, v in metrics.items()})
-        self.writer.write(record)
-        return results, record
+            t.storage.put_scalars({"%s/%s" % (dataset, k): v for k, v in metrics.items()}, iteration=iteration)
+        return {"name": name, "iteration": iteration, "epoch": epoch, "results": results}
 
-    def before_train(self, trainer):
-        if self.at_start and trainer.start_iter == 0:
-            trainer.initial_results = self._evaluate(trainer, -1, 0)[0]
+    def before_train(self):
+        if self.at_start and self.trainer.start_iter == 0:
+            self.initial = self._evaluate("untrained", -1, 0)
 
-    def _run(self, trainer):
-        results, record = self._evaluate(trainer, trainer.iter, completed_epochs(trainer))
-        self.history.append(record)
-        path = os.path.join(trainer.output_dir, "results.json")
-        tmp = path + ".tmp"
-        with open(tmp, "w") as fh:
-            json.dump({"iteration": trainer.iter, "epoch": completed_epochs(trainer), "results": results}, fh,
-                      indent=2, sort_keys=True)
-        os.replace(tmp, path)
-        trainer.last_results = results
-        return results
+    def due(self, iteration):
+        """Whether an evaluation follows `iteration`."""
+        t, done = self.trainer, iteration + 1
+        return done == t.max_iter or bool(self.period and done % t.iters_per_epoch == 0
+                                          and (done // t.iters_per_epoch) % self.period == 0)
 
-    def after_step(self, trainer):
-        if trainer.iter + 1 == trainer.max_iter or not epoch_ended(trainer) or not self.period:
+    def after_step(self):
+        if not self.due(self.trainer.iter):
             return
-        if completed_epochs(trainer) % self.period == 0:
-            self._run(trainer)
+        t = self.trainer
+        self.last = self._evaluate("last", t.iter, completed_epochs(t))
+        if is_last_iteration(t):
+            self.last["weights"] = FINAL_CHECKPOINT  # written by the checkpointer in this same iteration
+        score = selection_score(self.last["results"])
+        if self.best is None or score > self.best["score"]:
+            self.best = dict(self.last, name="best", score=score, weights=BEST_CHECKPOINT)
+            t.save_checkpoint(BEST_CHECKPOINT, point=False)
+        self.write_results()
 
-    def after_train(self, trainer):
-        if trainer.iter + 1 == trainer.max_iter:
-            self._run(trainer)
+    def rows(self):
+        return [row for row in [self.initial] + self.extra_rows + [self.last, self.best] if row is not None]
+
+    def write_results(self):
+        """results.json: `rows` (see the class), and the last evaluation's iteration, epoch and results at
+        the top level (the layout before model_best existed)."""
+        path = os.path.join(self.trainer.output_dir, "results.json")
+        data = {"iteration": self.last["iteration"], "epoch": self.last["epoch"], "results": self.last["results"],
+                "rows": self.rows()}
+        with open(path + ".tmp", "w") as fh:
+            json.dump(data, fh, indent=2, sort_keys=True)
+        os.replace(path + ".tmp", path)
 
 
 class CurvePlotter(HookBase):
     def __init__(self, metrics_path, out_png):
         self.metrics_path, self.out_png = metrics_path, out_png
 
-    def after_train(self, trainer):
-        if os.path.exists(self.metrics_path):
+    def after_train(self):
+        if is_last_iteration(self.trainer) and os.path.exists(self.metrics_path):
             plot_curves(self.metrics_path, self.out_png)
 
 
 def default_hooks(trainer, evaluate_fn=None, progress=True):
+    """[progress bar], [evaluator], metrics log, checkpointer, curve plot, in this order (see the module)."""
     cfg = trainer.cfg
     writer = MetricsWriter(cfg.OUTPUT_DIR)
-    hooks = [MetricsLogger(writer, cfg.LOG_PERIOD), PeriodicCheckpointer(cfg.SOLVER.CHECKPOINT_PERIOD)]
-    if evaluate_fn is not None:
-        hooks.append(Evaluator(evaluate_fn, cfg.TEST.EVAL_PERIOD, writer, at_start=cfg.TEST.EVAL_AT_START))
-    hooks.append(CurvePlotter(writer.path, os.path.join(cfg.OUTPUT_DIR, "curves.png")))
-    if progress:
-        hooks.insert(0, ProgressBar())
-    return hooks
+    checkpointer = PeriodicCheckpointer(cfg.SOLVER.CHECKPOINT_PERIOD, cfg.SOLVER.CHECKPOINT_ITERS)
+    evaluator = Evaluator(evaluate_fn, cfg.TEST.EVAL_PERIOD, at_start=cfg.TEST.EVAL_AT_START) if evaluate_fn else None
+
+    def flush_at(iteration):
+        return checkpointer.due(iteration) is not None or (evaluator is not None and evaluator.due(iteration))
+
+    hooks = [ProgressBar() if progress else None,
+             evaluator,
+             MetricsLogger(writer, cfg.LOG_PERIOD, flush_at=flush_at),
+             checkpointer,
+             CurvePlotter(writer.path, os.path.join(cfg.OUTPUT_DIR, "curves.png"))]
+    return [h for h in hooks if h is not None]

@@ -5,6 +5,8 @@ import faulthandler
 import os
 import sys
 
+DEFAULT_MAX_RESTARTS = 3
+
 
 def build_parser(description, training):
     p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -15,6 +17,10 @@ def build_parser(description, training):
     p.add_argument("--help-config", action="store_true", help="print every config key with its default and exit")
     if training:
         p.add_argument("--resume", action="store_true", help="continue from OUTPUT_DIR/last_checkpoint")
+        p.add_argument("--max-restarts", type=int, default=DEFAULT_MAX_RESTARTS, metavar="N",
+                       help="train in a child process and, when it is killed by a crash signal (SIGSEGV, "
+                            "SIGKILL, ...), resume it from the last checkpoint, at most N times; 0: train in this "
+                            "process, no restarts (default %(default)s)")
     else:
         p.add_argument("--vis-rank", type=int, default=0, metavar="N",
                        help="write PNG rank lists (top-10) for N queries per test dataset")
@@ -26,9 +32,13 @@ def build_parser(description, training):
 def parse_args(description, training, argv=None):
     """Parse the command line and select the backend before anything imports `compat`."""
     # A crash in the framework's native code (seen once with MindSpore 2.0 PyNative on CPU, after ~190
-    # iterations) then still prints the Python stack; --resume continues from the last checkpoint.
+    # iterations) then still prints the Python stack; train.py's supervisor (--max-restarts) resumes from
+    # the last checkpoint.
     faulthandler.enable()
     args = build_parser(description, training).parse_intermixed_args(argv)
+    if training and args.max_restarts < 0:
+        from compat.errors import UserError
+        raise UserError("--max-restarts must be 0 (no supervision) or more; got %d" % args.max_restarts)
     if args.backend:
         os.environ["REID_BACKEND"] = args.backend
     if args.help_config:
@@ -75,12 +85,22 @@ def write_config(cfg):
     return path
 
 
+def supervise_training(script, argv, cfg, args):
+    """Run `script` (train.py) with the same arguments in a supervised child process (--max-restarts);
+    returns the exit status."""
+    from reid.engine.supervisor import supervise
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = [sys.executable, os.path.abspath(script)] + argv + ["--max-restarts", "0"]
+    return supervise(command, cfg.OUTPUT_DIR, args.max_restarts, resume=args.resume)
+
+
 def train(cfg, resume=False, progress=True):
-    """Train as configured, evaluating on the targets; returns the trainer (results in trainer.last_results)."""
+    """Train as configured, evaluating on the targets; returns the trainer. The evaluations (untrained,
+    last, best) are the rows of its Evaluator hook, also in OUTPUT_DIR/results.json."""
     import compat
-    from reid.engine.hooks import default_hooks
+    from reid.engine.hooks import Evaluator, default_hooks
     from reid.engine.trainer import Trainer
-    from reid.evaluation import format_results_table
+    from reid.evaluation import format_rows_table
 
     trainer = Trainer(cfg, resume=resume)
     cfg = trainer.cfg  # now carries the class counts of the training data
@@ -91,14 +111,14 @@ def train(cfg, resume=False, progress=True):
     print("%d iterations (%d epochs x %d), output in %s" % (trainer.max_iter, cfg.SOLVER.MAX_EPOCH,
                                                              trainer.iters_per_epoch, cfg.OUTPUT_DIR))
     evaluate_fn = build_evaluate_fn(cfg) if len(cfg.DATASETS.TESTS) else None
-    trainer.hooks = default_hooks(trainer, evaluate_fn, progress=progress)
+    hooks = default_hooks(trainer, evaluate_fn, progress=progress)
+    trainer.register_hooks(hooks)
     trainer.train()
-    if getattr(trainer, "initial_results", None):
-        print("before training:")
-        print(format_results_table(trainer.initial_results))
-    if getattr(trainer, "last_results", None):
-        print("after training:")
-        print(format_results_table(trainer.last_results))
+    evaluator = next((h for h in hooks if isinstance(h, Evaluator)), None)
+    if evaluator is not None and evaluator.best is not None:
+        print("target-domain evaluation (best: highest (mAP + Rank-1) / 2 on the targets, weights in %s):"
+              % os.path.join(cfg.OUTPUT_DIR, evaluator.best["weights"]))
+        print(format_rows_table(evaluator.rows()))
     return trainer
 
 
@@ -124,6 +144,7 @@ def build_eval_model(cfg):
     state = model_state_from_file(cfg.MODEL.WEIGHTS)
     counts = num_classes_in_state(state)
     if counts and counts != list(cfg.MODEL.HEADS.NUM_CLASSES):
+        cfg = cfg.clone()
         cfg.defrost()
         cfg.MODEL.HEADS.NUM_CLASSES = counts
         cfg.freeze()

@@ -31,6 +31,7 @@ from compat.schedules import LRSchedule
 from reid.config import check_supported_values
 from reid.engine.checkpointer import Checkpointer, model_state_from_file
 from reid.engine.objectives import objective
+from reid.engine.train_loop import TrainLoop
 from reid.modeling import bn_mode, build_model, fast_weights
 from reid.modeling.layers import MetaBatchNorm, MetaInstanceNorm
 
@@ -69,11 +70,15 @@ def _scalar(t):
     return float(compat.to_numpy(t))
 
 
-class Trainer:
-    """Builds everything from a frozen config and runs training; `hooks` see the trainer after each
-    iteration (`after_step`) and at the end (`after_train`)."""
+class Trainer(TrainLoop):
+    """Builds everything from a frozen config (which it leaves as it is: `self.cfg` is a copy that also
+    carries the class counts of the training data) and runs the ACL iterations in a `TrainLoop`.
+
+    Steps put what they measured into `self.storage` (loss terms `loss_*`, `meta/*` for meta steps, `lr`,
+    `time`), tagged with the iteration; `step_log` keeps (iteration, kind, total loss) of every step."""
 
     def __init__(self, cfg, resume=False, data=None, quiet=False):
+        super().__init__()
         check_supported_values(cfg)
         self.quiet = quiet
         self.output_dir = cfg.OUTPUT_DIR
@@ -90,10 +95,10 @@ class Trainer:
             from reid.data.build import TrainData
             data = TrainData(cfg, consumed=state.get("data") if state else None)
         self.data = data
-        if list(cfg.MODEL.HEADS.NUM_CLASSES) != data.num_classes:
-            cfg.defrost()
-            cfg.MODEL.HEADS.NUM_CLASSES = list(data.num_classes)
-            cfg.freeze()
+        cfg = cfg.clone()
+        cfg.defrost()
+        cfg.MODEL.HEADS.NUM_CLASSES = list(data.num_classes)
+        cfg.freeze()
         self.cfg = cfg
         self.meta = bool(cfg.META.ENABLED)
         if self.meta and len(data.num_classes) < 2:
@@ -128,8 +133,7 @@ class Trainer:
         self.start_iter = 0
         self.iter = 0
         self.step_log = []       # (iteration, kind, total loss) of every step: the loss trajectory
-        self.last_terms = {}
-        self.hooks = []
+        self._hook_states = {}   # hook class name -> state from the resumed checkpoint
         if state is not None:
             self._restore(state, state_path)
 
@@ -206,8 +210,8 @@ class Trainer:
         absent = [d for d in range(len(self.offsets)) if d not in present]
         self.optimizer.step(self._clip(self._drop_unused(grads, absent)))
         self.step_log.append((self.iter, "basic", _scalar(loss)))
-        self.last_terms.update({k: _scalar(v) for k, v in terms.items()})
-        self.last_terms["loss_basic"] = _scalar(loss)
+        self.storage.put_scalars({k: _scalar(v) for k, v in terms.items()})
+        self.storage.put_scalar("loss_basic", _scalar(loss))
 
     def fast_weight_steps(self, grads):
         """α·r·g per parameter (detached: first-order), α the meta optimizer's lr of this iteration."""
@@ -230,10 +234,10 @@ class Trainer:
         grads = [a + b for a, b in zip(g_mtr, g_mte)]
         self.optimizer_meta.step(self._clip(self._drop_unused(grads, range(num_domains))))
         self.step_log.append((self.iter, "meta", _scalar(loss_mtr) + _scalar(loss_mte)))
-        self.last_terms.update({"meta/" + k: _scalar(v) for k, v in terms_mtr.items()})
-        self.last_terms.update({"meta/" + k: _scalar(v) for k, v in terms_mte.items()})
-        self.last_terms.update({"meta/loss_mtrain": _scalar(loss_mtr), "meta/loss_mtest": _scalar(loss_mte),
-                                "meta/test_domain": test_domain})
+        self.storage.put_scalars({"meta/" + k: _scalar(v) for k, v in terms_mtr.items()})
+        self.storage.put_scalars({"meta/" + k: _scalar(v) for k, v in terms_mte.items()})
+        self.storage.put_scalars({"meta/loss_mtrain": _scalar(loss_mtr), "meta/loss_mtest": _scalar(loss_mte),
+                                  "meta/test_domain": test_domain})
 
     def iteration_plan(self, iteration):
         """The steps iteration `iteration` runs: INITIAL_BASIC_STEPS basic steps at 0, else one, then a meta
@@ -247,7 +251,7 @@ class Trainer:
         lr = self.schedule.lr_at(iteration)
         self.optimizer.set_lr(lr)
         self.optimizer_meta.set_lr(lr)
-        self.last_terms["lr"] = lr
+        self.storage.put_scalar("lr", lr)
         return lr
 
     def run_iteration(self):
@@ -256,25 +260,25 @@ class Trainer:
             self.basic_step() if kind == "basic" else self.meta_step()
 
     # ------------------------------------------------------------------ loop
+    def run_step(self):
+        t0 = time.perf_counter()
+        self.run_iteration()
+        self.storage.put_scalar("time", time.perf_counter() - t0)
+
     def train(self, max_iter=None):
-        """Run iterations start_iter .. max_iter-1, calling hooks after each; returns self."""
+        """Run iterations start_iter .. max_iter-1 (default: to the end of the schedule) with the registered
+        hooks; returns self."""
         end = self.max_iter if max_iter is None else min(int(max_iter), self.max_iter)
-        for hook in self.hooks:
-            hook.before_train(self)
-        try:
-            for self.iter in range(self.start_iter, end):
-                t0 = time.perf_counter()
-                self.run_iteration()
-                self.last_terms["time"] = time.perf_counter() - t0
-                for hook in self.hooks:
-                    hook.after_step(self)
-            self.iter = end - 1
-            for hook in self.hooks:
-                hook.after_train(self)
-        finally:
-            for hook in self.hooks:
-                hook.close(self)
+        super().train(self.start_iter, end)
         return self
+
+    def register_hooks(self, hooks):
+        """Register hooks; a hook with `load_state_dict` gets the state it had in the resumed checkpoint."""
+        super().register_hooks(hooks)
+        for hook in self.hooks:
+            saved = self._hook_states.pop(type(hook).__name__, None)
+            if saved is not None and hasattr(hook, "load_state_dict"):
+                hook.load_state_dict(saved)
 
     @property
     def epoch(self):
@@ -293,6 +297,8 @@ class Trainer:
                          "cached_gaussian": float(rng[4])},
             "backend": compat.BACKEND,
             "config": self.cfg.dump(),
+            # what hooks must carry over a resume (the evaluator's last and best evaluations)
+            "hooks": {type(h).__name__: h.state_dict() for h in self.hooks if hasattr(h, "state_dict")},
         }
 
     def _restore(self, state, path):
@@ -302,11 +308,13 @@ class Trainer:
         r = state["meta_rng"]
         self.meta_rng.set_state(("MT19937", np.asarray(r["keys"], np.uint32), int(r["pos"]), int(r["has_gauss"]),
                                  float(r["cached_gaussian"])))
+        self._hook_states = dict(state.get("hooks") or {})
         self.start_iter = int(state["iteration"]) + 1
         self.iter = self.start_iter
         if not self.quiet:
             print("resumed from %s (iteration %d, saved by the %s backend)" % (
                 path, self.start_iter, state.get("backend", "?")))
 
-    def save_checkpoint(self, name):
-        return self.checkpointer.save(name, self.state_dict())
+    def save_checkpoint(self, name, point=True):
+        """Save the training state as OUTPUT_DIR/name; `point`: make it the one --resume continues from."""
+        return self.checkpointer.save(name, self.state_dict(), point=point)

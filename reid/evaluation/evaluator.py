@@ -101,3 +101,27 @@ def format_results_table(results_by_dataset, keys=METRIC_KEYS):
         avg = [np.mean([results_by_dataset[n][k] for n in names if k in results_by_dataset[n]]) for k in keys]
         lines.append("| %s | %s |" % ("Average".ljust(width), " | ".join("%7.1f" % v for v in avg)))
     return "\n".join(lines)
+
+
+def format_rows_table(rows, keys=METRIC_KEYS):
+    """Plain-text table of several evaluated models: `rows` are dicts with "name", "iteration" (None or
+    negative: not a training iteration, printed "-") and "results" ({dataset: metrics}); one line per row
+    and dataset, plus the row's average when it has several datasets."""
+    lines = []
+    for row in rows:
+        it = row.get("iteration")
+        it = "-" if it is None or it < 0 else str(it)
+        results = row["results"]
+        for dataset in results:
+            lines.append((row["name"], it, dataset, [results[dataset].get(k) for k in keys]))
+        if len(results) > 1:
+            avg = [np.mean([m[k] for m in results.values() if k in m]) for k in keys]
+            lines.append((row["name"], it, "Average", avg))
+    head = ("Model", "Iteration", "Dataset")
+    widths = [max([len(head[i])] + [len(line[i]) for line in lines]) for i in range(3)]
+    out = ["| %s | %s |" % (" | ".join(h.ljust(w) for h, w in zip(head, widths)), " | ".join(k.rjust(7) for k in keys)),
+           "|-%s-|-%s-|" % ("-|-".join("-" * w for w in widths), "-|-".join("-" * 7 for _ in keys))]
+    for name, it, dataset, values in lines:
+        out.append("| %s | %s | %s | %s |" % (name.ljust(widths[0]), it.rjust(widths[1]), dataset.ljust(widths[2]),
+                                              " | ".join("      -" if v is None else "%7.1f" % v for v in values)))
+    return "\n".join(out)
