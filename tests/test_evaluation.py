@@ -300,6 +300,19 @@ def test_rank_equals_stable_argsort_loop_on_random_cases_with_ties():
         assert mAP == pytest.approx(ref_mAP, abs=1e-12) and mINP == pytest.approx(ref_mINP, abs=1e-12)
 
 
+def test_rank_identity_with_many_images_matches_loop():
+    # float32 rows are counted by comparison with the row's matches, or by sorting when an identity has many
+    # images compared with the items ahead of its farthest match: both, with ties, against the loop
+    rng = np.random.RandomState(15)
+    ng = 200
+    gp = np.where(rng.rand(ng) < 0.6, 1, rng.randint(2, 40, ng))   # identity 1: ~120 images, the others a few
+    gc = rng.randint(0, 3, ng)
+    qp, qc = np.array([1, 1, 5, 7, 1]), np.array([0, 3, 1, 2, 1])
+    for d in ((rng.randint(0, 30, (5, ng)) / 30).astype(np.float32), rng.rand(5, ng).astype(np.float32)):
+        _, _, _, per = evaluate_rank(d, qp, gp, qc, gc, return_per_query=True, chunk_size=2)
+        assert_per_query_equal(per, per_query_loop(d, qp, gp, qc, gc))
+
+
 def test_rank_results_do_not_depend_on_the_chunk_size():
     rng = np.random.RandomState(12)
     nq, ng = 37, 300

@@ -55,31 +55,69 @@ class GalleryIndex(object):
         return gi_c, np.where(present, self.counts[gi_c] if len(self.pids) else 0, 0)
 
 
+def _float32_keys(values, columns, bits):
+    """int64 keys ordered as (distance, gallery index) for float32 ``values`` (no NaN) at gallery ``columns``:
+    an order-preserving 32-bit code of the value above ``bits`` bits of index. ``values`` is overwritten.
+
+    The code is the IEEE bit pattern with the sign bit flipped for non-negative values and all bits flipped for
+    negative ones; -0.0 is first made 0.0 (they compare equal, so they must tie and fall back to the index).
+    """
+    values += np.float32(0.0)
+    code = values.view(np.uint32)
+    flip = values.view(np.int32) >> 31               # -1 (all bits set) for negative values, else 0
+    flip |= np.int32(-(1 << 31))
+    code ^= flip.view(np.uint32)
+    keys = code.astype(np.int64)
+    keys <<= bits
+    keys |= columns
+    return keys
+
+
 def _items_ahead(dist, dpos, gidx, good):
     """For each good slot (r, j): how many items of row r come before gallery item gidx[r, j] (distance dpos[r, j])
     in (distance, gallery index) order, i.e. its 0-based position in a stable argsort of the row. Other slots: 0.
     Each row's good slots must be in that order already (rank_chunk sorts the positives).
 
     No row is sorted whole: only the items no farther than the row's farthest good match can be ahead of one,
-    usually a small part of the row. Those are cut out and sorted, and each good match's distance is looked up
-    in them (items strictly closer; items at exactly its distance are resolved by gallery index in the row,
-    which is only needed for exact ties).
+    usually a small part of the row, and only those are cut out. float32 rows (what compute_distance and
+    re_ranking give): each cut-out item gets an int64 key ordered as (distance, gallery index), and a match's
+    position is the number of keys below its own, counted by comparison with the row's few matches (no sort),
+    or by sorting the keys for identities with very many images. Other dtypes: the cut-out values
+    are sorted, each match is looked up, and exact ties are resolved by gallery index in the row.
     """
+    c, n = dist.shape
     ahead = np.zeros(dpos.shape, np.int64)
     r, j = np.nonzero(good)                         # row-major: each row's good slots together, in order
     probes = dpos[r, j]
-    bounds = np.searchsorted(r, np.arange(dist.shape[0] + 1))
+    bounds = np.searchsorted(r, np.arange(c + 1))
+    rows = np.flatnonzero(bounds[1:] > bounds[:-1])
     less = np.empty(len(r), np.int64)
-    equal = np.empty(len(r), np.int64)
-    for row in np.flatnonzero(bounds[1:] > bounds[:-1]):
-        a, b = bounds[row], bounds[row + 1]
-        d = dist[row]
-        closer = d[d <= probes[b - 1]]              # probes[b - 1]: the farthest good match of the row
-        closer.sort()
-        less[a:b] = closer.searchsorted(probes[a:b], "left")
-        equal[a:b] = closer.searchsorted(probes[a:b], "right") - less[a:b]
-    for t in np.flatnonzero(equal > 1):             # others at exactly this distance: those at a lower index count
-        less[t] += np.count_nonzero(dist[r[t], :gidx[r[t], j[t]]] == probes[t])
+    if dist.dtype == np.float32:
+        bits = max(1, (n - 1).bit_length())
+        probe_keys = _float32_keys(probes.copy(), gidx[r, j], bits)
+        for row in rows:
+            a, b = bounds[row], bounds[row + 1]
+            d = dist[row]
+            columns = np.flatnonzero(d <= probes[b - 1])  # probes[b - 1]: the farthest good match of the row
+            keys = _float32_keys(d.take(columns), columns, bits)
+            # comparing costs (matches x cut-out) but vectorises well, sorting (cut-out x log2 cut-out); on the
+            # Market- and MSMT-scale benchmarks comparing was as fast or faster whenever matches <= 4 log2
+            if b - a <= 4 * len(keys).bit_length():
+                less[a:b] = (keys < probe_keys[a:b, None]).sum(1)
+            else:
+                keys.sort()
+                less[a:b] = keys.searchsorted(probe_keys[a:b])
+    else:
+        equal = np.zeros(len(r), np.int64)
+        for row in rows:
+            a, b = bounds[row], bounds[row + 1]
+            d = dist[row]
+            closer = d[d <= probes[b - 1]]
+            closer.sort()
+            less[a:b] = closer.searchsorted(probes[a:b], "left")
+            equal[a:b] = closer.searchsorted(probes[a:b], "right") - less[a:b]
+        for t in np.flatnonzero(equal > 1):         # others at exactly this distance: those at a lower index count
+            less[t] += np.count_nonzero(dist[r[t], :gidx[r[t], j[t]]] == probes[t])
     ahead[r, j] = less
     return ahead
 
