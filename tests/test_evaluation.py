@@ -218,6 +218,15 @@ def test_memory_stays_bounded_by_the_chunk():
 
 
 # ----------------------------------------------------------------------------- ranking without sorting rows
+@pytest.fixture(params=["default", "keys"])
+def cut_out_path(request, monkeypatch):
+    """Runs a test as is, and again with every float32 cut-out counted by keys (not sorted), as long ones are."""
+    from reid.evaluation import rank
+    if request.param == "keys":
+        monkeypatch.setattr(rank, "LONG_CUT_OUT", 1)
+    return request.param
+
+
 def per_query_loop(distmat, q_pids, g_pids, q_camids, g_camids):
     """Per-query valid / AP / mINP term / first-match position / kept count, one stable argsort per row."""
     out = {k: [] for k in ("valid", "ap", "inp", "first", "num_kept")}
@@ -241,7 +250,7 @@ def assert_per_query_equal(got, ref):
         np.testing.assert_allclose(got[key], ref[key], rtol=0, atol=1e-12, err_msg=key)
 
 
-def test_rank_known_answer_with_junk_and_ties_at_matches():
+def test_rank_known_answer_with_junk_and_ties_at_matches(cut_out_path):
     # query 0: pid 1, camera 0. Stable order by (distance, index): g3, g0 (junk), g1, g2 (match), g6, g4 (junk),
     # g5 (match); the kept list g3 g1 g2 g6 g5 has its matches at ranks 3 and 5. g2 ties a junk item and a
     # non-match at a lower index, g5 ties a junk item at a lower index.
@@ -286,7 +295,7 @@ def hard_random_case(rng, kind):
     return d, qp, gp, qc, gc
 
 
-def test_rank_equals_stable_argsort_loop_on_random_cases_with_ties():
+def test_rank_equals_stable_argsort_loop_on_random_cases_with_ties(cut_out_path):
     rng = np.random.RandomState(11)
     kinds = ("float32", "float32 ties", "float64 ties", "int", "signed zeros", "infinite")
     for trial in range(60):
@@ -300,7 +309,7 @@ def test_rank_equals_stable_argsort_loop_on_random_cases_with_ties():
         assert mAP == pytest.approx(ref_mAP, abs=1e-12) and mINP == pytest.approx(ref_mINP, abs=1e-12)
 
 
-def test_rank_identity_with_many_images_matches_loop():
+def test_rank_identity_with_many_images_matches_loop(cut_out_path):
     # float32 rows are counted by comparison with the row's matches, or by sorting when an identity has many
     # images compared with the items ahead of its farthest match: both, with ties, against the loop
     rng = np.random.RandomState(15)
@@ -313,7 +322,7 @@ def test_rank_identity_with_many_images_matches_loop():
         assert_per_query_equal(per, per_query_loop(d, qp, gp, qc, gc))
 
 
-def test_rank_results_do_not_depend_on_the_chunk_size():
+def test_rank_results_do_not_depend_on_the_chunk_size(cut_out_path):
     rng = np.random.RandomState(12)
     nq, ng = 37, 300
     qp, gp = rng.randint(0, 25, nq), rng.randint(0, 20, ng)   # pids 20..24: queries without a match
@@ -330,7 +339,7 @@ def test_rank_results_do_not_depend_on_the_chunk_size():
     assert_per_query_equal(whole[3], per_query_loop(d, qp, gp, qc, gc))
 
 
-def test_cuhk03_single_shot_random_cases_with_ties_match_loop():
+def test_cuhk03_single_shot_random_cases_with_ties_match_loop(cut_out_path):
     rng = np.random.RandomState(13)
     for trial in range(6):
         d, qp, gp, qc, gc = hard_random_case(rng, ("float32 ties", "float64 ties", "signed zeros")[trial % 3])

@@ -14,12 +14,14 @@ numpy's default (unstable) argsort, so its order among exactly equal distances i
 How it avoids sorting the rows: the metrics only need the position of each correct match in the kept list.
 A query's positives (its pid in the gallery) are few; they are ordered by (distance, gallery index), which also
 counts the removed same-camera ones ahead of each match. The items of the whole row ahead of a match all lie at
-or below the row's farthest correct match, so only those are cut out of the row and sorted, and each match's
-distance is looked up in them (exact ties are resolved by gallery index in the row). The cost follows the number
-of items ahead of each query's last correct match, not the gallery size times its logarithm; in the worst case
-(last matches at the end of the rows) it is one sort of the row, as before. Memory: the positives of a chunk of
-queries plus one row's cut-out, so an MSMT17-scale matrix (11,659 x 82,161) is processed in bounded memory, and no
-(query x gallery) index matrix is ever built.
+or below the row's farthest correct match, so only those are cut out of the row. A short cut-out is sorted and
+each match is looked up in it (exact ties are then resolved by gallery index in the row); a long float32 one is
+not sorted: each item gets an int64 key ordered as (distance, gallery index), and a match's position is the
+number of keys below its own, one comparison pass per match. The cost follows the number of items ahead of each
+query's last correct match, not a sort of the gallery; in the worst case (last matches at the end of the rows)
+the cut-out is the whole row. Memory: the positives of a chunk of queries plus one row's cut-out, so an
+MSMT17-scale matrix (11,659 x 82,161) is processed in bounded memory, and no (query x gallery) index matrix is
+ever built.
 
 CUHK03 single-shot variant (``use_metric_cuhk03=True``, the "cuhk03" metric of fast-reid / torchreid): the CMC is
 averaged over ``num_repeats`` draws in which one image per gallery identity is kept (chosen uniformly, the query's
@@ -34,6 +36,8 @@ from compat.errors import UserError
 # Distance entries per block of queries when evaluate_rank is given the whole matrix (also the block size of
 # evaluate_features' distance blocks); the ranking itself holds only one row's cut-out at a time.
 DEFAULT_BLOCK_ELEMENTS = 1 << 22
+# Cut-outs (items up to a query's farthest correct match) at least this long are counted without sorting.
+LONG_CUT_OUT = 4096
 
 
 class GalleryIndex(object):
@@ -78,46 +82,41 @@ def _items_ahead(dist, dpos, gidx, good):
     in (distance, gallery index) order, i.e. its 0-based position in a stable argsort of the row. Other slots: 0.
     Each row's good slots must be in that order already (rank_chunk sorts the positives).
 
-    No row is sorted whole: only the items no farther than the row's farthest good match can be ahead of one,
-    usually a small part of the row, and only those are cut out. float32 rows (what compute_distance and
-    re_ranking give): each cut-out item gets an int64 key ordered as (distance, gallery index), and a match's
-    position is the number of keys below its own, counted by comparison with the row's few matches (no sort),
-    or by sorting the keys for identities with very many images. Other dtypes: the cut-out values
-    are sorted, each match is looked up, and exact ties are resolved by gallery index in the row.
+    No row is sorted whole: only the items no farther than the row's farthest good match can be ahead of one
+    (usually a small part of the row), and only those are cut out. A short cut-out is sorted and each match's
+    distance looked up in it; exact ties are then resolved by gallery index in the row. A long float32 cut-out
+    (what compute_distance and re_ranking give) is not sorted: its items get int64 keys ordered as (distance,
+    gallery index), and a match's position is the number of keys below its own, one comparison pass per match,
+    ties included; a sort is used instead if the identity has very many images.
     """
     c, n = dist.shape
     ahead = np.zeros(dpos.shape, np.int64)
     r, j = np.nonzero(good)                         # row-major: each row's good slots together, in order
     probes = dpos[r, j]
     bounds = np.searchsorted(r, np.arange(c + 1))
-    rows = np.flatnonzero(bounds[1:] > bounds[:-1])
     less = np.empty(len(r), np.int64)
+    equal = np.zeros(len(r), np.int64)
     if dist.dtype == np.float32:
         bits = max(1, (n - 1).bit_length())
         probe_keys = _float32_keys(probes.copy(), gidx[r, j], bits)
-        for row in rows:
-            a, b = bounds[row], bounds[row + 1]
-            d = dist[row]
-            columns = np.flatnonzero(d <= probes[b - 1])  # probes[b - 1]: the farthest good match of the row
+    for row in np.flatnonzero(bounds[1:] > bounds[:-1]):
+        a, b = bounds[row], bounds[row + 1]
+        d = dist[row]
+        ahead_of_last = d <= probes[b - 1]          # probes[b - 1]: the farthest good match of the row
+        size = np.count_nonzero(ahead_of_last)
+        # comparing costs (matches x cut-out), sorting (cut-out x log2 cut-out) and falls out of cache on long
+        # cut-outs; the thresholds are where the Market- and MSMT-scale benchmarks broke even
+        if dist.dtype == np.float32 and size >= LONG_CUT_OUT and b - a <= 4 * int(size).bit_length():
+            columns = np.flatnonzero(ahead_of_last)
             keys = _float32_keys(d.take(columns), columns, bits)
-            # comparing costs (matches x cut-out) but vectorises well, sorting (cut-out x log2 cut-out); on the
-            # Market- and MSMT-scale benchmarks comparing was as fast or faster whenever matches <= 4 log2
-            if b - a <= 4 * len(keys).bit_length():
-                less[a:b] = (keys < probe_keys[a:b, None]).sum(1)
-            else:
-                keys.sort()
-                less[a:b] = keys.searchsorted(probe_keys[a:b])
-    else:
-        equal = np.zeros(len(r), np.int64)
-        for row in rows:
-            a, b = bounds[row], bounds[row + 1]
-            d = dist[row]
-            closer = d[d <= probes[b - 1]]
+            less[a:b] = [np.count_nonzero(keys < key) for key in probe_keys[a:b]]
+        else:
+            closer = d[ahead_of_last]
             closer.sort()
             less[a:b] = closer.searchsorted(probes[a:b], "left")
             equal[a:b] = closer.searchsorted(probes[a:b], "right") - less[a:b]
-        for t in np.flatnonzero(equal > 1):         # others at exactly this distance: those at a lower index count
-            less[t] += np.count_nonzero(dist[r[t], :gidx[r[t], j[t]]] == probes[t])
+    for t in np.flatnonzero(equal > 1):             # others at exactly this distance: those at a lower index count
+        less[t] += np.count_nonzero(dist[r[t], :gidx[r[t], j[t]]] == probes[t])
     ahead[r, j] = less
     return ahead
 
