@@ -233,8 +233,164 @@ def test_memory_stays_bounded_by_the_chunk():
 
     small, _ = peak(200)
     large, nbytes = peak(800)
-    assert large < 1.3 * small          # does not grow with the number of queries
+    # only the per-query results (a few numbers each) grow with the number of queries, not rows of distances
+    assert (large - small) / 600 < 0.02 * ng * 4
     assert large < 0.35 * nbytes        # far below one copy of the distance matrix
+
+
+# ----------------------------------------------------------------------------- ranking without sorting rows
+@pytest.fixture(params=["default", "keys"])
+def cut_out_path(request, monkeypatch):
+    """Runs a test as is, and again with every float32 cut-out counted by keys (not sorted), as long ones are."""
+    from reid.evaluation import rank
+    if request.param == "keys":
+        monkeypatch.setattr(rank, "LONG_CUT_OUT", 1)
+    return request.param
+
+
+def per_query_loop(distmat, q_pids, g_pids, q_camids, g_camids):
+    """Per-query valid / AP / mINP term / first-match position / kept count, one stable argsort per row."""
+    out = {k: [] for k in ("valid", "ap", "inp", "first", "num_kept")}
+    for q in range(distmat.shape[0]):
+        order = np.argsort(distmat[q], kind="stable")
+        keep = ~((g_pids[order] == q_pids[q]) & (g_camids[order] == q_camids[q]))
+        raw = (g_pids[order][keep] == q_pids[q]).astype(np.int64)
+        hits = np.flatnonzero(raw)
+        out["valid"].append(len(hits) > 0)
+        out["num_kept"].append(int(keep.sum()))
+        out["first"].append(hits[0] if len(hits) else -1)
+        out["ap"].append(np.mean(np.arange(1, len(hits) + 1) / (hits + 1.0)) if len(hits) else 0.0)
+        out["inp"].append(len(hits) / (hits[-1] + 1.0) if len(hits) else 0.0)
+    return {k: np.array(v) for k, v in out.items()}
+
+
+def assert_per_query_equal(got, ref):
+    for key in ("valid", "first", "num_kept"):
+        np.testing.assert_array_equal(got[key], ref[key], err_msg=key)
+    for key in ("ap", "inp"):
+        np.testing.assert_allclose(got[key], ref[key], rtol=0, atol=1e-12, err_msg=key)
+
+
+def test_rank_known_answer_with_junk_and_ties_at_matches(cut_out_path):
+    # query 0: pid 1, camera 0. Stable order by (distance, index): g3, g0 (junk), g1, g2 (match), g6, g4 (junk),
+    # g5 (match); the kept list g3 g1 g2 g6 g5 has its matches at ranks 3 and 5. g2 ties a junk item and a
+    # non-match at a lower index, g5 ties a junk item at a lower index.
+    d = np.array([[0.2, 0.2, 0.2, 0.1, 0.3, 0.3, 0.25]] * 3)
+    gp, gc = np.array([1, 5, 1, 7, 1, 1, 8]), np.array([0, 1, 2, 1, 0, 3, 1])
+    qp, qc = np.array([1, 9, 8]), np.array([0, 0, 1])   # pid 9 absent; pid 8 only in the query's own camera
+    ap, inp = (1 / 3 + 2 / 5) / 2, 2 / 5
+    shifted = np.float32(d - 0.2)
+    shifted[:, [0, 2]] = -0.0                           # -0.0 and 0.0 are equal distances, ordered by index
+    for dist in (d, d.astype(np.float32), d - 1.0, shifted):
+        cmc, mAP, mINP, per = evaluate_rank(dist, qp, gp, qc, gc, max_rank=5, return_per_query=True)
+        assert per["valid"].tolist() == [True, False, False]
+        assert per["first"][0] == 2 and per["num_kept"].tolist() == [5, 7, 6]
+        assert mAP == pytest.approx(ap, abs=1e-12) and mINP == pytest.approx(inp, abs=1e-12)
+        assert cmc.tolist() == [0, 0, 1, 1, 1]
+    # the match at +inf is still ranked (last), and -inf first
+    far = d[:1].copy()
+    far[0, 5], far[0, 3] = np.inf, -np.inf
+    _, mAP, mINP = evaluate_rank(far, qp[:1], gp, qc[:1], gc)
+    assert mAP == pytest.approx((1 / 3 + 2 / 5) / 2, abs=1e-12) and mINP == pytest.approx(2 / 5, abs=1e-12)
+
+
+def hard_random_case(rng, kind):
+    """Random pids/cameras (some query pids absent from the gallery) and distances of one of several kinds,
+    most with many exact ties."""
+    nq, ng, npid = rng.randint(1, 30), rng.randint(2, 120), rng.randint(1, 12)
+    qp, gp = rng.randint(0, npid + 3, nq), rng.randint(0, npid, ng)
+    qc, gc = rng.randint(0, 3, nq), rng.randint(0, 3, ng)
+    qp[0], qc[0] = gp[0], (gc[0] + 1) % 3                # at least one query has a valid match
+    if kind == "float32":
+        d = rng.rand(nq, ng).astype(np.float32)
+    elif kind == "float32 ties":
+        d = (rng.randint(0, 4, (nq, ng)) / 4).astype(np.float32)
+    elif kind == "float64 ties":
+        d = rng.randint(-3, 3, (nq, ng)) / 3.0
+    elif kind == "int":
+        d = rng.randint(0, 6, (nq, ng))
+    elif kind == "signed zeros":
+        d = np.array([-1.0, -0.5, -0.0, 0.0, 0.5], np.float32)[rng.randint(0, 5, (nq, ng))]
+    else:  # "infinite"
+        d = np.array([-np.inf, 0.0, 1.0, np.inf])[rng.randint(0, 4, (nq, ng))]
+    return d, qp, gp, qc, gc
+
+
+def test_rank_equals_stable_argsort_loop_on_random_cases_with_ties(cut_out_path):
+    rng = np.random.RandomState(11)
+    kinds = ("float32", "float32 ties", "float64 ties", "int", "signed zeros", "infinite")
+    for trial in range(60):
+        d, qp, gp, qc, gc = hard_random_case(rng, kinds[trial % len(kinds)])
+        ref = per_query_loop(d, qp, gp, qc, gc)
+        cmc, mAP, mINP, per = evaluate_rank(d, qp, gp, qc, gc, 15, chunk_size=rng.randint(1, 8),
+                                            return_per_query=True)
+        assert_per_query_equal(per, ref)
+        ref_cmc, ref_mAP, ref_mINP = market_loop(d, qp, gp, qc, gc, 15)
+        np.testing.assert_allclose(cmc, ref_cmc, rtol=0, atol=1e-12)
+        assert mAP == pytest.approx(ref_mAP, abs=1e-12) and mINP == pytest.approx(ref_mINP, abs=1e-12)
+
+
+def test_rank_identity_with_many_images_matches_loop(cut_out_path):
+    # float32 rows are counted by comparison with the row's matches, or by sorting when an identity has many
+    # images compared with the items ahead of its farthest match: both, with ties, against the loop
+    rng = np.random.RandomState(15)
+    ng = 200
+    gp = np.where(rng.rand(ng) < 0.6, 1, rng.randint(2, 40, ng))   # identity 1: ~120 images, the others a few
+    gc = rng.randint(0, 3, ng)
+    qp, qc = np.array([1, 1, 5, 7, 1]), np.array([0, 3, 1, 2, 1])
+    for d in ((rng.randint(0, 30, (5, ng)) / 30).astype(np.float32), rng.rand(5, ng).astype(np.float32)):
+        _, _, _, per = evaluate_rank(d, qp, gp, qc, gc, return_per_query=True, chunk_size=2)
+        assert_per_query_equal(per, per_query_loop(d, qp, gp, qc, gc))
+
+
+def test_rank_results_do_not_depend_on_the_chunk_size(cut_out_path):
+    rng = np.random.RandomState(12)
+    nq, ng = 37, 300
+    qp, gp = rng.randint(0, 25, nq), rng.randint(0, 20, ng)   # pids 20..24: queries without a match
+    qc, gc = rng.randint(0, 4, nq), rng.randint(0, 4, ng)
+    d = (rng.randint(0, 50, (nq, ng)) / 50).astype(np.float32)  # many ties
+    whole = evaluate_rank(d, qp, gp, qc, gc, return_per_query=True)
+    assert not whole[3]["valid"].all() and whole[3]["valid"].any()
+    for chunk in (1, 2, 5, 36, 37, 100):
+        part = evaluate_rank(d, qp, gp, qc, gc, chunk_size=chunk, return_per_query=True)
+        np.testing.assert_array_equal(part[0], whole[0])
+        assert part[1:3] == whole[1:3]
+        for key in whole[3]:
+            np.testing.assert_array_equal(part[3][key], whole[3][key], err_msg=key)
+    assert_per_query_equal(whole[3], per_query_loop(d, qp, gp, qc, gc))
+
+
+def test_cuhk03_single_shot_random_cases_with_ties_match_loop(cut_out_path):
+    rng = np.random.RandomState(13)
+    for trial in range(6):
+        d, qp, gp, qc, gc = hard_random_case(rng, ("float32 ties", "float64 ties", "signed zeros")[trial % 3])
+        ref = cuhk03_loop(d, qp, gp, qc, gc, 10, 4, trial)
+        for chunk in (1, None):
+            cmc, mAP, _ = evaluate_rank(d, qp, gp, qc, gc, 10, use_metric_cuhk03=True, num_repeats=4, seed=trial,
+                                        chunk_size=chunk)
+            np.testing.assert_allclose(cmc, ref[:len(cmc)], rtol=0, atol=1e-12)
+            assert mAP == pytest.approx(market_loop(d, qp, gp, qc, gc, 10)[1], abs=1e-12)
+
+
+def test_rank_memory_when_the_last_match_ends_every_row():
+    # the worst case for the cut-out: every query's farthest match is the farthest item of its row, so each row
+    # is cut out whole. Memory holds one row's cut-out plus the chunk's positives (chunk x images per identity),
+    # never a (chunk x gallery) block: small even with the whole matrix as one chunk.
+    rng = np.random.RandomState(14)
+    nq, ng = 400, 8000
+    gp, gc = rng.randint(0, 600, ng), rng.randint(0, 6, ng)
+    qp, qc = gp[rng.randint(0, ng, nq)], rng.randint(6, 8, nq)  # cameras 6, 7: every positive is a valid match
+    d = rng.rand(nq, ng).astype(np.float32)
+    d[np.arange(nq), np.array([np.flatnonzero(gp == p)[-1] for p in qp])] = 2.0
+    peaks = []
+    for chunk in (25, nq):
+        tracemalloc.start()
+        _, _, mINP, per = evaluate_rank(d, qp, gp, qc, gc, chunk_size=chunk, return_per_query=True)
+        peaks.append(tracemalloc.get_traced_memory()[1])
+        tracemalloc.stop()
+        assert per["valid"].all()
+        assert mINP == pytest.approx(np.mean([(gp == p).sum() / ng for p in qp]), abs=1e-12)
+    assert peaks[0] < 0.05 * d.nbytes and peaks[1] < 0.15 * d.nbytes, (peaks, d.nbytes)
 
 
 # ----------------------------------------------------------------------------- distances, re-ranking, AQE

@@ -1,4 +1,4 @@
-"""CMC, mAP and mINP of a query x gallery distance matrix (numpy only), vectorised and chunked.
+"""CMC, mAP and mINP of a query x gallery distance matrix (numpy only), chunked over queries.
 
 Protocol (Market-1501, as fast-reid / torchreid): for each query, gallery items with the same pid *and*
 the same camera are removed; the remaining ones are ranked by distance; the query's pid in that list are its
@@ -11,11 +11,17 @@ correct matches; a query without any correct match is skipped (it does not count
 Ties: items are ordered by distance, then by gallery index (what a stable argsort gives). fast-reid uses
 numpy's default (unstable) argsort, so its order among exactly equal distances is unspecified.
 
-How it avoids the per-query loop: the metrics only need the position of each correct match in the kept list.
-For a chunk of queries the rows are sorted (``np.sort``, values only, no index array) and a batched binary
-search counts the items ahead of each correct match; the same-pid-same-camera items ahead of it are counted
-among the query's positives, which are few. Memory is O(chunk x gallery), so an MSMT17-scale matrix
-(11,659 x 82,161) is processed in bounded memory, and no (query x gallery) index matrix is ever built.
+How it avoids sorting the rows: the metrics only need the position of each correct match in the kept list.
+A query's positives (its pid in the gallery) are few; they are ordered by (distance, gallery index), which also
+counts the removed same-camera ones ahead of each match. The items of the whole row ahead of a match all lie at
+or below the row's farthest correct match, so only those are cut out of the row. A short cut-out is sorted and
+each match is looked up in it (exact ties are then resolved by gallery index in the row); a long float32 one is
+not sorted: each item gets an int64 key ordered as (distance, gallery index), and a match's position is the
+number of keys below its own, one comparison pass per match. The cost follows the number of items ahead of each
+query's last correct match, not a sort of the gallery; in the worst case (last matches at the end of the rows)
+the cut-out is the whole row. Memory: the positives of a chunk of queries plus one row's cut-out, so an
+MSMT17-scale matrix (11,659 x 82,161) is processed in bounded memory, and no (query x gallery) index matrix is
+ever built.
 
 CUHK03 single-shot variant (``use_metric_cuhk03=True``, the "cuhk03" metric of fast-reid / torchreid): the CMC is
 averaged over ``num_repeats`` draws in which one image per gallery identity is kept (chosen uniformly, the query's
@@ -27,8 +33,11 @@ import numpy as np
 
 from compat.errors import UserError
 
-# Elements of a (chunk x gallery) block held at once; the sorted copy of a float32 block of this size is 16 MB.
+# Distance entries per block of queries when evaluate_rank is given the whole matrix (also the block size of
+# evaluate_features' distance blocks); the ranking itself holds only one row's cut-out at a time.
 DEFAULT_BLOCK_ELEMENTS = 1 << 22
+# Cut-outs (items up to a query's farthest correct match) at least this long are counted without sorting.
+LONG_CUT_OUT = 4096
 
 
 class GalleryIndex(object):
@@ -50,22 +59,66 @@ class GalleryIndex(object):
         return gi_c, np.where(present, self.counts[gi_c] if len(self.pids) else 0, 0)
 
 
-def _count_ahead(sorted_rows, values, side):
-    """Batched binary search: per row r and value v, the number of entries of sorted_rows[r] that are < v
-    (side 'left') or <= v (side 'right')."""
-    c, n = sorted_rows.shape
-    lo = np.zeros(values.shape, np.int64)
-    hi = np.full(values.shape, n, np.int64)
-    rows = np.arange(c)[:, None]
-    while True:
-        active = lo < hi
-        if not active.any():
-            return lo
-        mid = (lo + hi) // 2
-        probe = sorted_rows[rows, np.minimum(mid, n - 1)]
-        right = (probe < values) if side == "left" else (probe <= values)
-        lo = np.where(active & right, mid + 1, lo)
-        hi = np.where(active & ~right, mid, hi)
+def _float32_keys(values, columns, bits):
+    """int64 keys ordered as (distance, gallery index) for float32 ``values`` (no NaN) at gallery ``columns``:
+    an order-preserving 32-bit code of the value above ``bits`` bits of index. ``values`` is overwritten.
+
+    The code is the IEEE bit pattern with the sign bit flipped for non-negative values and all bits flipped for
+    negative ones; -0.0 is first made 0.0 (they compare equal, so they must tie and fall back to the index).
+    """
+    values += np.float32(0.0)
+    code = values.view(np.uint32)
+    flip = values.view(np.int32) >> 31               # -1 (all bits set) for negative values, else 0
+    flip |= np.int32(-(1 << 31))
+    code ^= flip.view(np.uint32)
+    keys = code.astype(np.int64)
+    keys <<= bits
+    keys |= columns
+    return keys
+
+
+def _items_ahead(dist, dpos, gidx, good):
+    """For each good slot (r, j): how many items of row r come before gallery item gidx[r, j] (distance dpos[r, j])
+    in (distance, gallery index) order, i.e. its 0-based position in a stable argsort of the row. Other slots: 0.
+    Each row's good slots must be in that order already (rank_chunk sorts the positives).
+
+    No row is sorted whole: only the items no farther than the row's farthest good match can be ahead of one
+    (usually a small part of the row), and only those are cut out. A short cut-out is sorted and each match's
+    distance looked up in it; exact ties are then resolved by gallery index in the row. A long float32 cut-out
+    (what compute_distance and re_ranking give) is not sorted: its items get int64 keys ordered as (distance,
+    gallery index), and a match's position is the number of keys below its own, one comparison pass per match,
+    ties included; a sort is used instead if the identity has very many images.
+    """
+    c, n = dist.shape
+    ahead = np.zeros(dpos.shape, np.int64)
+    r, j = np.nonzero(good)                         # row-major: each row's good slots together, in order
+    probes = dpos[r, j]
+    bounds = np.searchsorted(r, np.arange(c + 1))
+    less = np.empty(len(r), np.int64)
+    equal = np.zeros(len(r), np.int64)
+    if dist.dtype == np.float32:
+        bits = max(1, (n - 1).bit_length())
+        probe_keys = _float32_keys(probes.copy(), gidx[r, j], bits)
+    for row in np.flatnonzero(bounds[1:] > bounds[:-1]):
+        a, b = bounds[row], bounds[row + 1]
+        d = dist[row]
+        ahead_of_last = d <= probes[b - 1]          # probes[b - 1]: the farthest good match of the row
+        size = np.count_nonzero(ahead_of_last)
+        # comparing costs (matches x cut-out), sorting (cut-out x log2 cut-out) and falls out of cache on long
+        # cut-outs; the thresholds are where the Market- and MSMT-scale benchmarks broke even
+        if dist.dtype == np.float32 and size >= LONG_CUT_OUT and b - a <= 4 * int(size).bit_length():
+            columns = np.flatnonzero(ahead_of_last)
+            keys = _float32_keys(d.take(columns), columns, bits)
+            less[a:b] = [np.count_nonzero(keys < key) for key in probe_keys[a:b]]
+        else:
+            closer = d[ahead_of_last]
+            closer.sort()
+            less[a:b] = closer.searchsorted(probes[a:b], "left")
+            equal[a:b] = closer.searchsorted(probes[a:b], "right") - less[a:b]
+    for t in np.flatnonzero(equal > 1):             # others at exactly this distance: those at a lower index count
+        less[t] += np.count_nonzero(dist[r[t], :gidx[r[t], j[t]]] == probes[t])
+    ahead[r, j] = less
+    return ahead
 
 
 def rank_chunk(dist, q_pids, q_camids, gallery, first_query_index=0, cuhk03=None):
@@ -81,7 +134,7 @@ def rank_chunk(dist, q_pids, q_camids, gallery, first_query_index=0, cuhk03=None
     c, n = dist.shape
     q_pids = np.asarray(q_pids).reshape(-1)
     q_camids = np.asarray(q_camids).reshape(-1)
-    if np.isnan(dist).any():
+    if c and np.isnan(dist.min()):  # min propagates NaN, one pass without a mask
         raise UserError("the distance matrix contains NaN (rows %s...); check the features for NaN/inf"
                         % np.flatnonzero(np.isnan(dist).any(1))[:5].tolist())
 
@@ -100,7 +153,7 @@ def rank_chunk(dist, q_pids, q_camids, gallery, first_query_index=0, cuhk03=None
     pos_sorted = np.minimum(gallery.starts[group][:, None] + slot[None, :], n - 1)
     gidx = np.where(in_group, gallery.order[pos_sorted], n + slot[None, :])  # padding sorts after everything
     rows = np.arange(c)[:, None]
-    dpos = np.where(in_group, dist[rows, np.minimum(gidx, n - 1)], np.inf)
+    dpos = np.where(in_group, dist[rows, np.minimum(gidx, n - 1)], np.inf).astype(dist.dtype)
     junk = in_group & (gallery.g_camids[np.minimum(gidx, n - 1)] == q_camids[:, None])
     good = in_group & ~junk
     num_good = good.sum(1)
@@ -113,25 +166,15 @@ def rank_chunk(dist, q_pids, q_camids, gallery, first_query_index=0, cuhk03=None
     good_before = np.cumsum(good, 1) - good
     junk_before = np.cumsum(junk, 1) - junk
 
-    # Items of the whole row ahead of each good positive: strictly smaller distances by binary search in the
-    # sorted row, plus equal distances at a smaller gallery index (exact, row by row, only where ties exist).
-    sorted_rows = np.sort(dist, axis=1)
-    less = _count_ahead(sorted_rows, dpos, "left")
-    equal = _count_ahead(sorted_rows, dpos, "right") - less
-    ahead = less
-    tied_rows = np.flatnonzero((good & (equal > 1)).any(1))
-    for r in tied_rows:
-        inverse = np.empty(n, np.int64)
-        inverse[np.argsort(dist[r], kind="stable")] = np.arange(n)
-        sel = good[r]
-        ahead[r, sel] = inverse[gidx[r, sel]]
+    ahead = _items_ahead(dist, dpos, gidx, good)
     kept_pos = ahead - junk_before  # 0-based position among kept items
 
     valid = num_good > 0
     safe_good = np.maximum(num_good, 1)
     precision = np.where(good, (good_before + 1) / np.where(good, kept_pos + 1.0, 1.0), 0.0)
     out["valid"] = valid
-    out["ap"] = np.where(valid, precision.sum(1) / safe_good, 0.0)
+    # cumsum adds strictly left to right, so the padding (zeros, its width set by the chunk) cannot change the sum
+    out["ap"] = np.where(valid, np.cumsum(precision, 1)[:, -1] / safe_good, 0.0)
     big = np.iinfo(np.int64).max
     out["first"] = np.where(valid, np.where(good, kept_pos, big).min(1), -1)
     last = np.where(good, kept_pos, -1).max(1)
