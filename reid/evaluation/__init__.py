@@ -7,10 +7,11 @@ from reid.evaluation.rank import evaluate_rank  # noqa: F401
 from reid.evaluation.rerank import re_ranking  # noqa: F401
 from reid.evaluation.query_expansion import aqe  # noqa: F401
 from reid.evaluation.extract import extract_features  # noqa: F401
-from reid.evaluation.evaluator import (evaluate, evaluate_features, format_results_table, metrics_dict,  # noqa: F401
-                                       options_from_cfg, METRIC_KEYS)
+from reid.evaluation.evaluator import (evaluate, evaluate_features, format_comparison_table,  # noqa: F401
+                                       format_results_table, metrics_dict, options_from_cfg, METRIC_KEYS)
+from reid.evaluation.histogram import evaluate_histogram, hsv_histogram, REFERENCES  # noqa: F401
 from reid.evaluation.visualize import save_rank_lists, rank_list_image  # noqa: F401
 
 __all__ = ["compute_distance", "distance_blocks", "evaluate_rank", "re_ranking", "aqe", "extract_features",
-           "evaluate", "evaluate_features", "format_results_table", "metrics_dict", "options_from_cfg",
-           "METRIC_KEYS", "save_rank_lists", "rank_list_image"]
+           "evaluate", "evaluate_features", "format_comparison_table", "format_results_table", "metrics_dict", "options_from_cfg",
+           "METRIC_KEYS", "save_rank_lists", "rank_list_image", "evaluate_histogram", "hsv_histogram", "REFERENCES"]

@@ -101,3 +101,21 @@ def format_results_table(results_by_dataset, keys=METRIC_KEYS):
         avg = [np.mean([results_by_dataset[n][k] for n in names if k in results_by_dataset[n]]) for k in keys]
         lines.append("| %s | %s |" % ("Average".ljust(width), " | ".join("%7.1f" % v for v in avg)))
     return "\n".join(lines)
+
+
+COMPARISON_KEYS = ("mAP", "Rank-1", "mINP")
+
+
+def format_comparison_table(rows, keys=COMPARISON_KEYS):
+    """Plain-text table with one row per (method, dataset): ``rows`` is a list of (method label,
+    {dataset: metrics}) in the order to print, e.g. untrained network, colour histogram, trained network."""
+    rows = [(label, by_dataset) for label, by_dataset in rows if by_dataset]
+    cells = [(label, name, by_dataset[name]) for label, by_dataset in rows for name in by_dataset]
+    mw = max([len("Method")] + [len(c[0]) for c in cells])
+    dw = max([len("Dataset")] + [len(c[1]) for c in cells])
+    lines = ["| %s | %s | %s |" % ("Method".ljust(mw), "Dataset".ljust(dw), " | ".join(k.rjust(7) for k in keys)),
+             "|-%s-|-%s-|-%s-|" % ("-" * mw, "-" * dw, "-|-".join("-" * 7 for _ in keys))]
+    for label, name, metrics in cells:
+        lines.append("| %s | %s | %s |" % (label.ljust(mw), name.ljust(dw), " | ".join(
+            ("%7.1f" % metrics[k]) if k in metrics else "      -" for k in keys)))
+    return "\n".join(lines)
