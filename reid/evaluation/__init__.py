@@ -1,4 +1,5 @@
-"""Evaluation: feature extraction (backend), distances, ranking metrics, re-ranking, AQE, rank-list images.
+"""Evaluation: feature extraction (backend), distances, ranking metrics, re-ranking, AQE, rank-list images,
+the colour-histogram reference.
 
 numpy-only except ``extract`` (which runs the model through ``compat``).
 """
@@ -13,5 +14,6 @@ from reid.evaluation.histogram import evaluate_histogram, hsv_histogram, REFEREN
 from reid.evaluation.visualize import save_rank_lists, rank_list_image  # noqa: F401
 
 __all__ = ["compute_distance", "distance_blocks", "evaluate_rank", "re_ranking", "aqe", "extract_features",
-           "evaluate", "evaluate_features", "format_comparison_table", "format_results_table", "metrics_dict", "options_from_cfg",
-           "METRIC_KEYS", "save_rank_lists", "rank_list_image", "evaluate_histogram", "hsv_histogram", "REFERENCES"]
+           "evaluate", "evaluate_features", "format_comparison_table", "format_results_table", "metrics_dict",
+           "options_from_cfg", "METRIC_KEYS", "save_rank_lists", "rank_list_image", "evaluate_histogram",
+           "hsv_histogram", "REFERENCES"]
