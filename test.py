@@ -2,14 +2,15 @@
 """Evaluate trained weights on the configured target domain(s).
 
     python test.py --config-file output/synthetic/acl/config.yaml MODEL.WEIGHTS output/synthetic/acl/model_final.pth
-        [--backend torch] [--vis-rank 8] [KEY VALUE ...]
+        [--backend torch] [--vis-rank 8] [--reference histogram] [KEY VALUE ...]
+    python test.py --config-file configs/synthetic/acl.yml --reference histogram     (the reference alone)
 """
 from reid.engine.launch import parse_args, setup_cfg, test
 
 
 def main(argv=None):
     args = parse_args(__doc__, training=False, argv=argv)
-    test(setup_cfg(args), vis_rank=args.vis_rank)
+    test(setup_cfg(args), vis_rank=args.vis_rank, reference_only=bool(args.reference))
 
 
 if __name__ == "__main__":

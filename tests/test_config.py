@@ -77,9 +77,9 @@ def test_base_chain_cycle_invalid_yaml_missing_file_and_odd_overrides(tmp_path):
 
 def test_base_values_are_overridden_by_the_file_then_the_command_line(tmp_path):
     child = tmp_path / "child.yml"
-    child.write_text("_BASE_: %s\nSOLVER:\n  MAX_EPOCH: 7\n" % (ROOT / "configs" / "synthetic" / "acl.yml"))
+    child.write_text("_BASE_: %s\nSOLVER:\n  MAX_EPOCH: 9\n" % (ROOT / "configs" / "synthetic" / "acl.yml"))
     cfg = load_cfg(str(child), ["SOLVER.BASE_LR", "0.5"])
-    assert cfg.SOLVER.MAX_EPOCH == 7 and cfg.SOLVER.BASE_LR == 0.5 and cfg.SOLVER.ITERS_PER_EPOCH == 25
+    assert cfg.SOLVER.MAX_EPOCH == 9 and cfg.SOLVER.BASE_LR == 0.5 and cfg.SOLVER.ITERS_PER_EPOCH == 25
 
 
 @pytest.mark.parametrize("key, value, fix", [

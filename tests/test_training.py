@@ -366,7 +366,7 @@ def test_train_then_test_cli_writes_outputs(cli_run):
     results = data["results"]["SynthD"]
     assert set(results) >= {"mAP", "Rank-1", "Rank-5", "Rank-10", "mINP"} and 0 < results["mAP"] <= 100
     rows = {r["name"]: r for r in data["rows"]}
-    assert [r["name"] for r in data["rows"]] == ["untrained", "last", "best"]
+    assert [r["name"] for r in data["rows"]] == ["untrained", "colour histogram", "last", "best"]
     assert rows["last"]["iteration"] == data["iteration"] == 3 and rows["last"]["results"] == data["results"]
     score = {it: (r["SynthD/mAP"] + r["SynthD/Rank-1"]) / 2 for it, r in evaluations.items() if it >= 0}
     best_it = 3 if score[3] > score[1] else 1
@@ -380,15 +380,42 @@ def test_train_then_test_cli_writes_outputs(cli_run):
         assert all(np.array_equal(final[k], best_state["model"][k]) for k in final)
     lines = stdout.splitlines()
     head = next(i for i, l in enumerate(lines) if l.startswith("| Model "))
-    table = [[cell.strip() for cell in l.split("|")[1:4]] for l in lines[head + 2:head + 5]]
-    assert table == [["untrained", "-", "SynthD"], ["last", "3", "SynthD"], ["best", str(best_it), "SynthD"]]
+    table = [[cell.strip() for cell in l.split("|")[1:4]] for l in lines[head + 2:head + 6]]
+    assert table == [["untrained", "-", "SynthD"], ["colour histogram", "-", "SynthD"], ["last", "3", "SynthD"],
+                     ["best", str(best_it), "SynthD"]]
     assert os.listdir(out / "tb")
+    # the demo config asks for the colour-histogram reference: results.json holds the untrained network's and
+    # the reference's rows next to the trained network's (the printed comparison table's rows)
+    saved = json.loads((out / "results.json").read_text())
+    by_name = {r["name"]: r["results"]["SynthD"] for r in saved["rows"]}
+    assert set(by_name["untrained"]) >= {"mAP", "Rank-1", "mINP"}
+    assert [r["SynthD/mAP"] for r in records if r["iteration"] == -1] == [by_name["untrained"]["mAP"]]
+    assert 0 < saved["references"]["histogram"]["SynthD"]["mAP"] <= 100
+    assert by_name["colour histogram"] == saved["references"]["histogram"]["SynthD"]
     proc = _run_cli(["test.py", "--config-file", str(out / "config.yaml"), "MODEL.WEIGHTS",
                      str(out / "model_final.pth"), "--vis-rank", "2"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     evaluated = json.loads((out / "eval" / "results.json").read_text())["results"]["SynthD"]
     assert evaluated["mAP"] == pytest.approx(results["mAP"], abs=1e-6)
     assert len(list((out / "eval" / "rank_lists" / "SynthD").glob("*.png"))) == 2
+    assert json.loads((out / "eval" / "results.json").read_text())["references"]["histogram"]["SynthD"] == \
+        pytest.approx(saved["references"]["histogram"]["SynthD"])
+    assert "colour histogram" in proc.stdout and "model_final.pth" in proc.stdout
+
+
+def test_cli_reference_alone_needs_no_weights(synth_root, tmp_path):
+    """`test.py --reference histogram` evaluates the hand-crafted reference on the configured target without a
+    network; TEST.REFERENCE with an unknown name is one clear line."""
+    args = ["test.py", "--config-file", "configs/synthetic/baseline.yml"] + TINY + [
+        "DATASETS.ROOT", synth_root, "OUTPUT_DIR", str(tmp_path), "TEST.REFERENCE", ""]
+    proc = _run_cli(args + ["--reference", "histogram"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    saved = json.loads((tmp_path / "eval" / "results.json").read_text())
+    assert set(saved) == {"references"} and 0 < saved["references"]["histogram"]["SynthD"]["mAP"] <= 100
+    assert "colour histogram" in proc.stdout
+    proc = _run_cli(args[:-1] + ["sift"])
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == \
+        "error: TEST.REFERENCE must be one of histogram or empty, got 'sift'"
 
 
 @pytest.mark.parity

@@ -132,6 +132,9 @@ _C.TEST.METRIC_CUHK03 = False        # CUHK03 single-shot protocol instead of Ma
 _C.TEST.RERANK = CN({"ENABLED": False, "K1": 20, "K2": 6, "LAMBDA": 0.3})
 _C.TEST.AQE = CN({"ENABLED": False, "QE_TIME": 1, "QE_K": 5, "ALPHA": 3.0})
 _C.TEST.MAX_RANK = 50
+# "histogram": also evaluate the hand-crafted HSV colour-histogram feature (no learning) on every target and
+# print it next to the network (reid/evaluation/histogram.py); "" for none
+_C.TEST.REFERENCE = ""
 
 # ----------------------------------------------------------------------------- logging
 _C.LOG_PERIOD = 20                   # iterations between metrics.json records

@@ -15,6 +15,8 @@ def build_parser(description, training):
                    help="framework under the torch API (default: $REID_BACKEND or mindspore)")
     p.add_argument("--device", default=None, help="cpu | gpu | ascend (sets MODEL.DEVICE)")
     p.add_argument("--help-config", action="store_true", help="print every config key with its default and exit")
+    p.add_argument("--reference", choices=("histogram",), default=None,
+                   help="also evaluate a hand-crafted reference on the targets (sets TEST.REFERENCE)")
     if training:
         p.add_argument("--resume", action="store_true", help="continue from OUTPUT_DIR/last_checkpoint")
         p.add_argument("--max-restarts", type=int, default=DEFAULT_MAX_RESTARTS, metavar="N",
@@ -53,6 +55,8 @@ def setup_cfg(args):
     opts = list(args.opts)
     if args.device:
         opts += ["MODEL.DEVICE", args.device]
+    if getattr(args, "reference", None):
+        opts += ["TEST.REFERENCE", args.reference]
     return load_cfg(args.config_file or None, opts)
 
 
@@ -74,6 +78,55 @@ def build_evaluate_fn(cfg):
                 results[name] = out
         return (results, details) if return_details else results
     return evaluate_fn
+
+
+def check_reference(cfg):
+    """Fail before any work when TEST.REFERENCE names no known reference."""
+    from compat.errors import UserError
+    from reid.evaluation import REFERENCES
+    if cfg.TEST.REFERENCE and cfg.TEST.REFERENCE not in REFERENCES:
+        raise UserError("TEST.REFERENCE must be one of %s or empty, got %r" % (", ".join(REFERENCES),
+                                                                            cfg.TEST.REFERENCE))
+
+
+def reference_results(cfg):
+    """{dataset: metrics} of the hand-crafted reference named by TEST.REFERENCE on DATASETS.TESTS, or None."""
+    from reid.data.datasets import build_test_set
+    from reid.data.transforms import build_transforms
+    from reid.evaluation import evaluate_histogram, options_from_cfg
+
+    check_reference(cfg)
+    if not cfg.TEST.REFERENCE:
+        return None
+    transform = build_transforms(cfg, is_train=False)   # the histogram sees the network's input pixels
+    options = options_from_cfg(cfg)
+    return {name: evaluate_histogram(*build_test_set(name, cfg), transform=transform, **options)
+            for name in cfg.DATASETS.TESTS}
+
+
+REFERENCE_LABELS = {"histogram": "colour histogram"}
+
+
+def reference_rows(cfg, reference, evaluated=None, label=None):
+    """Rows for format_rows_table: the reference, then (if given) the evaluated network."""
+    rows = [{"name": REFERENCE_LABELS.get(cfg.TEST.REFERENCE, cfg.TEST.REFERENCE), "iteration": None,
+             "results": reference}]
+    if evaluated is not None:
+        rows.append({"name": label, "iteration": None, "results": evaluated})
+    return rows
+
+
+def add_to_results_json(path, extra):
+    """Add keys to a results.json written by the evaluation (read, update, atomic rewrite)."""
+    import json
+    data = {}
+    if os.path.exists(path):
+        with open(path) as fh:
+            data = json.load(fh)
+    data.update(extra)
+    with open(path + ".tmp", "w") as fh:
+        json.dump(data, fh, indent=2, sort_keys=True)
+    os.replace(path + ".tmp", path)
 
 
 def write_config(cfg):
@@ -102,6 +155,7 @@ def train(cfg, resume=False, progress=True):
     from reid.engine.trainer import Trainer
     from reid.evaluation import format_rows_table
 
+    check_reference(cfg)
     trainer = Trainer(cfg, resume=resume)
     cfg = trainer.cfg  # now carries the class counts of the training data
     write_config(cfg)
@@ -112,13 +166,20 @@ def train(cfg, resume=False, progress=True):
                                                              trainer.iters_per_epoch, cfg.OUTPUT_DIR))
     evaluate_fn = build_evaluate_fn(cfg) if len(cfg.DATASETS.TESTS) else None
     hooks = default_hooks(trainer, evaluate_fn, progress=progress)
+    evaluator = next((h for h in hooks if isinstance(h, Evaluator)), None)
+    reference = reference_results(cfg) if evaluator is not None else None
+    if reference:   # a row of the evaluator's table and results.json, between 'untrained' and 'last'
+        evaluator.extra_rows.append({"name": REFERENCE_LABELS.get(cfg.TEST.REFERENCE, cfg.TEST.REFERENCE),
+                                     "iteration": None, "results": reference})
     trainer.register_hooks(hooks)
     trainer.train()
-    evaluator = next((h for h in hooks if isinstance(h, Evaluator)), None)
     if evaluator is not None and evaluator.best is not None:
         print("target-domain evaluation (best: highest (mAP + Rank-1) / 2 on the targets, weights in %s):"
               % os.path.join(cfg.OUTPUT_DIR, evaluator.best["weights"]))
         print(format_rows_table(evaluator.rows()))
+        if reference:
+            add_to_results_json(os.path.join(cfg.OUTPUT_DIR, "results.json"),
+                                {"references": {cfg.TEST.REFERENCE: reference}})
     return trainer
 
 
@@ -140,7 +201,8 @@ def build_eval_model(cfg):
     from reid.modeling import build_model
 
     if not cfg.MODEL.WEIGHTS:
-        raise UserError("test.py needs trained weights: add MODEL.WEIGHTS path/to/model_final.pth")
+        raise UserError("test.py needs trained weights: add MODEL.WEIGHTS path/to/model_final.pth (or "
+                        "--reference histogram for the hand-crafted reference alone)")
     state = model_state_from_file(cfg.MODEL.WEIGHTS)
     counts = num_classes_in_state(state)
     if counts and counts != list(cfg.MODEL.HEADS.NUM_CLASSES):
@@ -159,28 +221,46 @@ def build_eval_model(cfg):
     return model
 
 
-def test(cfg, vis_rank=0):
+def test(cfg, vis_rank=0, reference_only=False):
     """Evaluate MODEL.WEIGHTS on DATASETS.TESTS; print the table, write OUTPUT_DIR/eval/results.json and,
-    with vis_rank > 0, rank-list PNGs under OUTPUT_DIR/eval/rank_lists/<dataset>/."""
+    with vis_rank > 0, rank-list PNGs under OUTPUT_DIR/eval/rank_lists/<dataset>/. With TEST.REFERENCE the
+    reference is evaluated too; ``reference_only`` (test.py --reference without MODEL.WEIGHTS) evaluates
+    only the reference."""
     import json
 
     import compat
-    from reid.evaluation import format_results_table, save_rank_lists
+    from reid.evaluation import format_results_table, format_rows_table, save_rank_lists
 
+    check_reference(cfg)
+    out_dir = os.path.join(cfg.OUTPUT_DIR, "eval")
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, "results.json")
+    if reference_only and not cfg.MODEL.WEIGHTS:
+        # the reference alone needs no network: `test.py --reference histogram` on any target
+        reference = reference_results(cfg)
+        with open(path + ".tmp", "w") as fh:
+            json.dump({"references": {cfg.TEST.REFERENCE: reference}}, fh, indent=2, sort_keys=True)
+        os.replace(path + ".tmp", path)
+        print(format_rows_table(reference_rows(cfg, reference)))
+        print("results written to %s" % path)
+        return reference
     model = build_eval_model(cfg)
     print("backend %(backend)s (%(torch_api)s %(torch_api_version)s on %(framework)s %(framework_version)s), "
           "device %(device)s" % compat.info())
     print("weights %s" % cfg.MODEL.WEIGHTS)
     evaluate_fn = build_evaluate_fn(cfg)
     results, details = evaluate_fn(model, return_details=True)
-    out_dir = os.path.join(cfg.OUTPUT_DIR, "eval")
-    os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, "results.json")
+    reference = reference_results(cfg)
+    record = {"weights": cfg.MODEL.WEIGHTS, "backend": compat.BACKEND, "results": results}
+    if reference:
+        record["references"] = {cfg.TEST.REFERENCE: reference}
     with open(path + ".tmp", "w") as fh:
-        json.dump({"weights": cfg.MODEL.WEIGHTS, "backend": compat.BACKEND, "results": results}, fh, indent=2,
-                  sort_keys=True)
+        json.dump(record, fh, indent=2, sort_keys=True)
     os.replace(path + ".tmp", path)
-    print(format_results_table(results))
+    if reference:
+        print(format_rows_table(reference_rows(cfg, reference, results, os.path.basename(cfg.MODEL.WEIGHTS))))
+    else:
+        print(format_results_table(results))
     print("results written to %s" % path)
     if vis_rank > 0:
         for name, (distmat, qrec, grec) in details.items():
