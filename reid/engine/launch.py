@@ -18,6 +18,11 @@ def build_parser(description, training):
     else:
         p.add_argument("--vis-rank", type=int, default=0, metavar="N",
                        help="write PNG rank lists (top-10) for N queries per test dataset")
+        p.add_argument("--engine", choices=("eager", "onnx", "mindir"), default=None,
+                       help="eager: the network with MODEL.WEIGHTS (default); onnx / mindir: the exported file "
+                            "--model (onnxruntime / MindSpore GraphCell)")
+        p.add_argument("--model", default=None, metavar="PATH",
+                       help="exported model (tools/export.py) to evaluate; the engine follows its suffix")
     p.add_argument("opts", nargs="*", metavar="KEY VALUE",
                    help="config overrides, e.g. SOLVER.BASE_LR 0.01 (flags may come before or after them)")
     return p
@@ -138,26 +143,29 @@ def build_eval_model(cfg):
     return model
 
 
-def test(cfg, vis_rank=0):
-    """Evaluate MODEL.WEIGHTS on DATASETS.TESTS; print the table, write OUTPUT_DIR/eval/results.json and,
+def test(cfg, vis_rank=0, engine=None, model_path=None):
+    """Evaluate MODEL.WEIGHTS (engine 'eager') or the exported file `model_path` (engine 'onnx' / 'mindir', by
+    default the file's suffix) on DATASETS.TESTS; print the table, write OUTPUT_DIR/eval/results.json and,
     with vis_rank > 0, rank-list PNGs under OUTPUT_DIR/eval/rank_lists/<dataset>/."""
     import json
 
     import compat
+    from reid.deploy import format_of, load_engine
     from reid.evaluation import format_results_table, save_rank_lists
 
-    model = build_eval_model(cfg)
+    engine = engine or (format_of(model_path) if model_path else "eager")
+    model = load_engine(cfg, engine, model_path)
     print("backend %(backend)s (%(torch_api)s %(torch_api_version)s on %(framework)s %(framework_version)s), "
           "device %(device)s" % compat.info())
-    print("weights %s" % cfg.MODEL.WEIGHTS)
+    print("weights %s" % cfg.MODEL.WEIGHTS if engine == "eager" else "model %s (engine %s)" % (model_path, engine))
     evaluate_fn = build_evaluate_fn(cfg)
     results, details = evaluate_fn(model, return_details=True)
     out_dir = os.path.join(cfg.OUTPUT_DIR, "eval")
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, "results.json")
     with open(path + ".tmp", "w") as fh:
-        json.dump({"weights": cfg.MODEL.WEIGHTS, "backend": compat.BACKEND, "results": results}, fh, indent=2,
-                  sort_keys=True)
+        json.dump({"weights": cfg.MODEL.WEIGHTS, "backend": compat.BACKEND, "engine": engine, "model": model_path,
+                   "results": results}, fh, indent=2, sort_keys=True)
     os.replace(path + ".tmp", path)
     print(format_results_table(results))
     print("results written to %s" % path)
