@@ -42,6 +42,7 @@ bench: setup
 	REID_BACKEND=mindspore $(MS_PY) bench/eval.py
 	REID_BACKEND=mindspore $(MS_PY) bench/optim_step.py
 	REID_BACKEND=torch $(TORCH_PY) bench/optim_step.py
+	REID_BACKEND=mindspore $(MS_PY) bench/infer.py
 
 clean-venvs:
 	rm -rf .venv .venv-torch
