@@ -45,6 +45,7 @@ bench: setup
 	REID_BACKEND=mindspore $(MS_PY) bench/train_step.py
 	REID_BACKEND=mindspore $(MS_PY) bench/eval.py
 	REID_BACKEND=mindspore $(MS_PY) bench/optim_step.py
+	REID_BACKEND=mindspore $(MS_PY) bench/infer.py
 
 clean-venvs:
 	rm -rf .venv .venv-torch

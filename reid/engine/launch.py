@@ -26,6 +26,11 @@ def build_parser(description, training):
     else:
         p.add_argument("--vis-rank", type=int, default=0, metavar="N",
                        help="write PNG rank lists (top-10) for N queries per test dataset")
+        p.add_argument("--engine", choices=("eager", "onnx", "mindir"), default=None,
+                       help="eager: the network with MODEL.WEIGHTS (default); onnx / mindir: the exported file "
+                            "--model (onnxruntime / MindSpore GraphCell)")
+        p.add_argument("--model", default=None, metavar="PATH",
+                       help="exported model (tools/export.py) to evaluate; the engine follows its suffix")
     p.add_argument("opts", nargs="*", metavar="KEY VALUE",
                    help="config overrides, e.g. SOLVER.BASE_LR 0.01 (flags may come before or after them)")
     return p
@@ -221,21 +226,23 @@ def build_eval_model(cfg):
     return model
 
 
-def test(cfg, vis_rank=0, reference_only=False):
-    """Evaluate MODEL.WEIGHTS on DATASETS.TESTS; print the table, write OUTPUT_DIR/eval/results.json and,
+def test(cfg, vis_rank=0, reference_only=False, engine=None, model_path=None):
+    """Evaluate MODEL.WEIGHTS (engine 'eager') or the exported file `model_path` (engine 'onnx' / 'mindir', by
+    default the file's suffix) on DATASETS.TESTS; print the table, write OUTPUT_DIR/eval/results.json and,
     with vis_rank > 0, rank-list PNGs under OUTPUT_DIR/eval/rank_lists/<dataset>/. With TEST.REFERENCE the
-    reference is evaluated too; ``reference_only`` (test.py --reference without MODEL.WEIGHTS) evaluates
-    only the reference."""
+    reference is evaluated too; ``reference_only`` (test.py --reference without MODEL.WEIGHTS or a model
+    file) evaluates only the reference."""
     import json
 
     import compat
+    from reid.deploy import format_of, load_engine
     from reid.evaluation import format_results_table, format_rows_table, save_rank_lists
 
     check_reference(cfg)
     out_dir = os.path.join(cfg.OUTPUT_DIR, "eval")
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, "results.json")
-    if reference_only and not cfg.MODEL.WEIGHTS:
+    if reference_only and not cfg.MODEL.WEIGHTS and not model_path:
         # the reference alone needs no network: `test.py --reference histogram` on any target
         reference = reference_results(cfg)
         with open(path + ".tmp", "w") as fh:
@@ -244,21 +251,24 @@ def test(cfg, vis_rank=0, reference_only=False):
         print(format_rows_table(reference_rows(cfg, reference)))
         print("results written to %s" % path)
         return reference
-    model = build_eval_model(cfg)
+    engine = engine or (format_of(model_path) if model_path else "eager")
+    model = load_engine(cfg, engine, model_path)
     print("backend %(backend)s (%(torch_api)s %(torch_api_version)s on %(framework)s %(framework_version)s), "
           "device %(device)s" % compat.info())
-    print("weights %s" % cfg.MODEL.WEIGHTS)
+    print("weights %s" % cfg.MODEL.WEIGHTS if engine == "eager" else "model %s (engine %s)" % (model_path, engine))
     evaluate_fn = build_evaluate_fn(cfg)
     results, details = evaluate_fn(model, return_details=True)
     reference = reference_results(cfg)
-    record = {"weights": cfg.MODEL.WEIGHTS, "backend": compat.BACKEND, "results": results}
+    record = {"weights": cfg.MODEL.WEIGHTS, "backend": compat.BACKEND, "engine": engine, "model": model_path,
+              "results": results}
     if reference:
         record["references"] = {cfg.TEST.REFERENCE: reference}
     with open(path + ".tmp", "w") as fh:
         json.dump(record, fh, indent=2, sort_keys=True)
     os.replace(path + ".tmp", path)
     if reference:
-        print(format_rows_table(reference_rows(cfg, reference, results, os.path.basename(cfg.MODEL.WEIGHTS))))
+        label = os.path.basename(cfg.MODEL.WEIGHTS if engine == "eager" else model_path)
+        print(format_rows_table(reference_rows(cfg, reference, results, label)))
     else:
         print(format_results_table(results))
     print("results written to %s" % path)
