@@ -1,20 +1,23 @@
-# Two environments, created inside the repo and git-ignored:
-#   .venv        Python 3.9 + MindSpore 2.0.0 + MSAdapter 0.1.0 (the default backend)
-#   .venv-torch  Python 3.11 + torch 2.13.0 CPU (the reference backend and parity oracle)
+# Three environments, created inside the repo and git-ignored:
+#   .venv            Python 3.9 + MindSpore 2.0.0 + MSAdapter 0.1.0 (the default backend)
+#   .venv-torch      Python 3.11 + torch 2.13.0 CPU (the reference backend and parity oracle)
+#   .venv-mindtorch  Python 3.9 + MindSpore 2.6.0.dev20250323 (PyPI pre-release) + mindtorch 0.4.0
 # Each is (re)installed only when its requirements file changes (a stamp file inside the venv).
 SHELL := /bin/bash
 PY39  ?= $(shell tools/find_python.sh 3.9)
 PY311 ?= $(shell tools/find_python.sh 3.11)
 MS_PY    := .venv/bin/python
 TORCH_PY := .venv-torch/bin/python
+MT_PY    := .venv-mindtorch/bin/python
 PYTEST_ARGS ?=
 DEMO_CONFIG ?= configs/synthetic/acl.yml
 
-.PHONY: setup setup-ms setup-torch demo test bench clean-venvs
+.PHONY: setup setup-ms setup-torch setup-mindtorch demo test bench clean-venvs
 
-setup: setup-ms setup-torch
+setup: setup-ms setup-torch setup-mindtorch
 setup-ms: .venv/.reqs-stamp
 setup-torch: .venv-torch/.reqs-stamp
+setup-mindtorch: .venv-mindtorch/.reqs-stamp
 
 .venv/.reqs-stamp: requirements.txt
 	@test -x $(MS_PY) || $(PY39) -m venv .venv
@@ -24,6 +27,12 @@ setup-torch: .venv-torch/.reqs-stamp
 .venv-torch/.reqs-stamp: requirements-torch.txt
 	@test -x $(TORCH_PY) || $(PY311) -m venv .venv-torch
 	$(TORCH_PY) -m pip install -q --disable-pip-version-check -r requirements-torch.txt
+	@touch $@
+
+# ~1 GB download, ~3.5 GB installed. The exact pre-release pin in the file lets pip take it without --pre.
+.venv-mindtorch/.reqs-stamp: requirements-mindtorch.txt
+	@test -x $(MT_PY) || $(PY39) -m venv .venv-mindtorch
+	$(MT_PY) -m pip install -q --disable-pip-version-check -r requirements-mindtorch.txt
 	@touch $@
 
 # The main job: train ACL briefly on 3 built-in synthetic domains, evaluate on the 4th (MindSpore backend).
@@ -44,4 +53,4 @@ bench: setup
 	REID_BACKEND=torch $(TORCH_PY) bench/optim_step.py
 
 clean-venvs:
-	rm -rf .venv .venv-torch
+	rm -rf .venv .venv-torch .venv-mindtorch

@@ -13,6 +13,8 @@ torch = _info["torch"]                  # torch API module (real torch, msadapte
 nn = _info["nn"]
 F = _info["F"]
 IS_MINDSPORE = BACKEND == "mindspore"
+LAYER = _info["layer"]                  # 'torch' | 'msadapter.pytorch' | 'mindtorch.torch'
+IS_MINDTORCH = LAYER == "mindtorch.torch"  # mindtorch 0.4.0 on the MindSpore 2.6 pre-release
 
 from compat.tensor import (as_tensor, to_numpy, manual_seed, no_grad, assign_, is_tensor, zeros_like,  # noqa: E402
                            detach_tree, numpy_tree, tensor_tree)
