@@ -12,6 +12,7 @@ import multiprocessing
 import os
 import warnings
 
+from compat import shims
 from compat.errors import UserError
 
 BACKENDS = ("mindspore", "torch")
@@ -37,7 +38,6 @@ def _import_torch_api_on_mindspore():
             ".venv/bin/python, or pick --backend torch" % exc) from None
     errors = []
     if importlib.util.find_spec("mindtorch") is not None:
-        from compat import shims
         try:
             shims.apply()
         except Exception as exc:  # a MindSpore whose internals moved again: report it with the import error
@@ -52,6 +52,8 @@ def _import_torch_api_on_mindspore():
         except Exception as exc:  # mindtorch on a MindSpore it was not written for fails in many ways
             errors.append("%s: %s: %s" % (layer, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else ""))
             continue
+        if layer == "mindtorch.torch":
+            shims.apply_after_import(torch)
         top = importlib.import_module(layer.split(".")[0])
         version = getattr(top, "__version__", None)
         if version is None:

@@ -107,10 +107,8 @@ def instance_norm(x, weight=None, bias=None, eps=1e-5):
     shape = tuple(x.shape)
     n = shape[0]
     # the affine goes into the kernel as per-(sample, channel) scale/offset: fewer ops than a separate affine
-    # torch.tile, not Parameter.repeat: mindtorch 0.4's Parameter is a mindspore.Tensor, whose repeat has no
-    # CPU kernel on MindSpore 2.6
-    scale = _c.torch.tile(weight, (n,)) if weight is not None and n > 1 else weight
-    offset = _c.torch.tile(bias, (n,)) if bias is not None and n > 1 else bias
+    scale = weight.repeat(n) if weight is not None and n > 1 else weight
+    offset = bias.repeat(n) if bias is not None and n > 1 else bias
     y = _ms_batch_norm(x.reshape((1, n * shape[1]) + shape[2:]), scale, offset, eps)
     return y.reshape(shape)
 
