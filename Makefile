@@ -41,9 +41,17 @@ demo: setup-ms
 
 # The whole suite on both backends. Cross-backend parity tests run from the MindSpore side and call the
 # torch environment for the reference numbers; the torch run repeats the backend-neutral tests on torch.
+# The mindtorch run repeats everything that goes through the torch-API layer (compat, model, losses,
+# evaluation, trainer, parity against torch); the numpy-only tests (config, datasets, samplers, synthetic data,
+# transforms) do not touch the layer and run in the other two.
+MT_TESTS := tests/test_compat_checkpoint.py tests/test_compat_custom_op.py tests/test_compat_data.py \
+	tests/test_compat_errors.py tests/test_compat_norm.py tests/test_compat_optim.py tests/test_compat_schedules.py \
+	tests/test_losses.py tests/test_modeling.py tests/test_modeling_units.py tests/test_evaluation.py \
+	tests/test_evaluation_parity.py tests/test_training.py
 test: setup
 	REID_BACKEND=mindspore $(MS_PY) -m pytest tests -q $(PYTEST_ARGS)
 	REID_BACKEND=torch $(TORCH_PY) -m pytest tests -q -m "not parity" $(PYTEST_ARGS)
+	REID_BACKEND=mindspore $(MT_PY) -m pytest $(MT_TESTS) -q $(PYTEST_ARGS)
 
 bench: setup
 	REID_BACKEND=mindspore $(MS_PY) bench/model.py
