@@ -23,7 +23,7 @@ _EXPORTS = {
     "custom_op": "custom_op", "normalize": "functional",
 }
 _SUBMODULES = ("optim", "schedules", "checkpoint", "data")
-_BACKEND_NAMES = ("BACKEND", "IS_MINDSPORE", "torch", "nn", "F")
+_BACKEND_NAMES = ("BACKEND", "IS_MINDSPORE", "LAYER", "IS_MINDTORCH", "torch", "nn", "F")
 _state = {"loading": False}
 
 
@@ -35,7 +35,9 @@ def _load():
         info = backend.load()
         g = globals()
         g.update(_info=info, BACKEND=info["name"], torch=info["torch"], nn=info["nn"], F=info["F"],
-                 IS_MINDSPORE=info["name"] == "mindspore")
+                 IS_MINDSPORE=info["name"] == "mindspore",
+                 # LAYER: 'torch' | 'msadapter.pytorch' | 'mindtorch.torch' (0.4.0 on the MindSpore 2.6 pre-release)
+                 LAYER=info["layer"], IS_MINDTORCH=info["layer"] == "mindtorch.torch")
         for name, module in _EXPORTS.items():
             g[name] = getattr(importlib.import_module("compat." + module), name)
         for module in _SUBMODULES:
@@ -63,7 +65,7 @@ def info():
                 device=globals()["current_device"]())
 
 
-__all__ = ["BACKEND", "IS_MINDSPORE", "torch", "nn", "F", "UserError", "info", "as_tensor", "to_numpy",
-           "manual_seed", "no_grad", "assign_", "is_tensor", "zeros_like", "detach_tree", "set_device",
+__all__ = ["BACKEND", "IS_MINDSPORE", "LAYER", "IS_MINDTORCH", "torch", "nn", "F", "UserError", "info", "as_tensor",
+           "to_numpy", "manual_seed", "no_grad", "assign_", "is_tensor", "zeros_like", "detach_tree", "set_device",
            "current_device", "to_device", "value_and_grad", "batch_norm", "instance_norm", "normalize",
            "clip_grad_norm", "custom_op", "optim", "schedules", "checkpoint", "data"]

@@ -61,11 +61,39 @@ def _ms_value_and_grad(fn, params):
         return loss
 
     grad_fn = mindspore.value_and_grad(loss_only, None, weights)
+    index = {id(p): i for i, p in enumerate(weights)}
 
     def run(*args, **kwargs):
         box.clear()
-        loss, grads = grad_fn(*args, **kwargs)
+        as_args = [(pos, index[id(a)]) for pos, a in enumerate(args) if id(a) in index]
+        if as_args and _param_argument_is_an_input():
+            # MindSpore 2.6 differentiates a Parameter passed as an argument as that input (all its uses, also
+            # captured ones) and gives the weight 0: take the input's gradient for it
+            positions = tuple(pos for pos, _ in as_args)
+            loss, (input_grads, grads) = mindspore.value_and_grad(loss_only, positions, weights)(*args, **kwargs)
+            grads = list(grads)
+            if not isinstance(input_grads, tuple):  # one position: a bare tensor
+                input_grads = (input_grads,)
+            for (_, i), g in zip(as_args, input_grads):
+                grads[i] = g
+        else:
+            loss, grads = grad_fn(*args, **kwargs)
         grads = tuple(torch.cast_to_adapter_tensor(g) for g in grads)
         return torch.cast_to_adapter_tensor(loss), detach_tree(box.get("aux")), grads
 
     return run
+
+
+_PROBED = {}
+
+
+def _param_argument_is_an_input():
+    """True where MindSpore credits a Parameter passed as an argument of the differentiated function to that
+    argument and not to the weight (MindSpore 2.6; 2.0 credits the weight). Asked once, on one scalar."""
+    if "arg" not in _PROBED:
+        import mindspore
+        import numpy as np
+        p = mindspore.Parameter(mindspore.Tensor(np.ones(1, np.float32)), name="compat_grad_probe")
+        _, (g,) = mindspore.value_and_grad(lambda x: (x * x).sum(), None, [p])(p)
+        _PROBED["arg"] = not bool(g.asnumpy()[0])
+    return _PROBED["arg"]

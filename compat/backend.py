@@ -1,15 +1,18 @@
 """Backend selection: the one place that decides which framework sits under the torch API.
 
 `REID_BACKEND` picks it (``mindspore``, the default, or ``torch``). Under MindSpore the torch-API layer is
-``mindtorch.torch`` when it imports cleanly (MindSpore 2.3/2.4 installs), else ``msadapter.pytorch``
-(MindSpore 2.0.0, the stack that installs from PyPI). Entry points set the variable from ``--backend``
-before anything imports ``compat``.
+``mindtorch.torch`` when it imports cleanly, else ``msadapter.pytorch``. Two MindSpore stacks install from
+PyPI: MSAdapter 0.1.0 on MindSpore 2.0.0 (`.venv`) and mindtorch 0.4.0 on the MindSpore 2.6.0.dev pre-release
+(`.venv-mindtorch`, after the import shims of `compat/shims.py`). Entry points set the variable from
+``--backend`` before anything imports ``compat``.
 """
 import importlib
+import importlib.util
 import multiprocessing
 import os
 import warnings
 
+from compat import shims
 from compat.errors import UserError
 
 BACKENDS = ("mindspore", "torch")
@@ -34,6 +37,11 @@ def _import_torch_api_on_mindspore():
             "backend 'mindspore' needs the MindSpore environment (%s); run 'make setup-ms' and use "
             ".venv/bin/python, or pick --backend torch" % exc) from None
     errors = []
+    if importlib.util.find_spec("mindtorch") is not None:
+        try:
+            shims.apply()
+        except Exception as exc:  # a MindSpore whose internals moved again: report it with the import error
+            errors.append("compat shims: %s: %s" % (type(exc).__name__, exc))
     for layer in ("mindtorch.torch", "msadapter.pytorch"):
         try:
             with warnings.catch_warnings():
@@ -44,6 +52,8 @@ def _import_torch_api_on_mindspore():
         except Exception as exc:  # mindtorch on a MindSpore it was not written for fails in many ways
             errors.append("%s: %s: %s" % (layer, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else ""))
             continue
+        if layer == "mindtorch.torch":
+            shims.apply_after_import(torch)
         top = importlib.import_module(layer.split(".")[0])
         version = getattr(top, "__version__", None)
         if version is None:
@@ -74,6 +84,11 @@ def load():
     torch, nn, F, layer, layer_version = _import_torch_api_on_mindspore()
     import mindspore
     mindspore.set_context(mode=mindspore.PYNATIVE_MODE)
+    if layer == "mindtorch.torch":
+        # MindSpore 2.6's PyNative runs ops asynchronously; on a 2-core CPU its launch thread competes with the
+        # kernels and a training step takes 3x longer and varies from run to run. Synchronous launch is as
+        # fast as MSAdapter on 2.0.0.
+        mindspore.set_context(pynative_synchronize=True)
     # MSAdapter forces the 'spawn' start method when imported; its own workers then die and so do
     # mindspore.dataset worker processes. Fork is what both loaders were written for on Linux.
     if os.name == "posix":

@@ -12,6 +12,7 @@ The op is a plain callable, not a module, so holding it on a model adds no submo
 """
 import compat as _c
 from compat.errors import UserError
+from compat.tensor import ms_tensor
 
 
 class CustomOp:
@@ -90,7 +91,7 @@ def _ms_cell_for_arity(forward, backward, n):
         # MindSpore hands over plain mindspore Tensors; the user's backward speaks the torch API.
         inputs, out, dout = tuple(cast(a) for a in args[:-2]), cast(args[-2]), cast(args[-1])
         grads = _check_grads(backward(inputs, out, dout), len(inputs))
-        return tuple(torch.zeros_like(x) if g is None else g for x, g in zip(inputs, grads))
+        return tuple(ms_tensor(torch.zeros_like(x) if g is None else g) for x, g in zip(inputs, grads))
 
     # MindSpore matches bprop to the call by the positional-argument count of `bprop` itself
     # (inputs + out + dout), so `*args` is rejected; write the signature out for this arity.

@@ -139,6 +139,19 @@ def _ms_kernel(training, eps):
     return _MS[key]
 
 
+def _to_unbiased(count):
+    """Factor that turns the kernel's scratch variance into the unbiased one: count/(count-1) where the kernel
+    writes the biased variance (MindSpore 2.0), 1 where it already writes the unbiased one (MindSpore 2.6).
+    Asked of the kernel once, on two values whose variances differ (biased 1, unbiased 2)."""
+    if "kernel_var_unbiased" not in _MS:
+        import mindspore
+        const = _ms_constants(1)
+        x = mindspore.Tensor(np.array([-1.0, 1.0], np.float32).reshape(2, 1, 1, 1))
+        _ms_kernel(True, 1e-5)(x, const["ones"], const["zeros"], const["mean"], const["var"])
+        _MS["kernel_var_unbiased"] = bool(const["var"].asnumpy()[0] > 1.5)
+    return 1.0 if _MS["kernel_var_unbiased"] else float(count) / max(count - 1, 1)
+
+
 def _ms_batch_norm(x, weight, bias, eps, running_mean=None, running_var=None, update=None):
     """Fused batch norm on MindSpore. With running tensors: evaluation (normalise with them). Without: batch
     statistics; `update=(running_mean, running_var, momentum)` then applies torch's running-statistics rule
@@ -159,6 +172,6 @@ def _ms_batch_norm(x, weight, bias, eps, running_mean=None, running_var=None, up
         rm, rv, momentum = update
         count = int(np.prod(shape)) // channels  # from the shape: Tensor.numel() is a device op + sync on MindSpore
         ops.assign(rm, ops.lerp(rm, const["mean"], float(momentum)))
-        ops.assign(rv, ops.lerp(rv, const["var"] * (float(count) / max(count - 1, 1)), float(momentum)))
+        ops.assign(rv, ops.lerp(rv, const["var"] * _to_unbiased(count), float(momentum)))
     y = torch.cast_to_adapter_tensor(y)
     return y if len(shape) == 4 else y.reshape(shape)

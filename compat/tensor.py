@@ -35,6 +35,14 @@ def to_numpy(t):
     return t.detach().cpu().numpy()
 
 
+def ms_tensor(t):
+    """The plain `mindspore.Tensor` behind a torch-API tensor, for MindSpore code paths that take no other
+    kind (a Cell's `bprop` results). MSAdapter's tensors are `mindspore.Tensor` subclasses already; mindtorch
+    0.4's are MindSpore 2.6 `StubTensor`s, which its grad executor rejects ("Unreasonable data type")."""
+    from mindspore.common._stub_tensor import StubTensor
+    return t.stub_sync() if isinstance(t, StubTensor) else t
+
+
 def zeros_like(t):
     return _c.torch.zeros_like(t)
 

@@ -4,12 +4,15 @@ A *case* is a module-level function ``f(**kwargs) -> dict`` whose result holds n
 and nested dicts/lists of them. ``run_case("torch", "tests.test_x:case_y", seed=0)`` runs it with the torch
 backend, in this process when it is the active backend, otherwise in that backend's virtual environment
 (``.venv`` / ``.venv-torch``) through ``tests/_crossenv_child.py``, exchanging pickles (protocol 4; numpy<2 on
-both sides) through a temporary directory.
+both sides) through a temporary directory. An interpreter that has MindSpore is itself the MindSpore side, so
+a run from ``.venv-mindtorch`` compares mindtorch (not ``.venv``'s MSAdapter) with torch.
 """
 import importlib
+import importlib.util
 import os
 import pickle
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -17,7 +20,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 ALLOW_MISSING = "REID_ALLOW_MISSING_BACKEND"
-PYTHONS = {"mindspore": ROOT / ".venv" / "bin" / "python", "torch": ROOT / ".venv-torch" / "bin" / "python"}
+# an interpreter that has MindSpore (.venv or .venv-mindtorch) is itself the MindSpore side of parity runs
+_HAS_MINDSPORE = importlib.util.find_spec("mindspore") is not None
+PYTHONS = {"mindspore": Path(sys.executable) if _HAS_MINDSPORE else ROOT / ".venv" / "bin" / "python",
+           "torch": ROOT / ".venv-torch" / "bin" / "python"}
 
 
 def active_backend():
