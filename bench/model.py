@@ -40,7 +40,8 @@ def measure(width, height, batch, splits, classes, repeats):
     params = [p for _, p in model.named_parameters() if p.requires_grad]
 
     def forward():
-        out = model(images)
+        with compat.no_grad():   # like for like: MindSpore records nothing outside value_and_grad, torch would
+            out = model(images)
         return compat.to_numpy(out["feat_norm"])        # reading a result waits for the computation
 
     def loss_fn(x):
