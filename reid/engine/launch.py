@@ -2,6 +2,7 @@
 training run, and evaluation on the configured target domains."""
 import argparse
 import faulthandler
+import json
 import os
 import sys
 
@@ -121,17 +122,21 @@ def reference_rows(cfg, reference, evaluated=None, label=None):
     return rows
 
 
+def write_json(path, data):
+    """Atomic write of a JSON file (a crash leaves the old file or the new one, never half of one)."""
+    with open(path + ".tmp", "w") as fh:
+        json.dump(data, fh, indent=2, sort_keys=True)
+    os.replace(path + ".tmp", path)
+
+
 def add_to_results_json(path, extra):
     """Add keys to a results.json written by the evaluation (read, update, atomic rewrite)."""
-    import json
     data = {}
     if os.path.exists(path):
         with open(path) as fh:
             data = json.load(fh)
     data.update(extra)
-    with open(path + ".tmp", "w") as fh:
-        json.dump(data, fh, indent=2, sort_keys=True)
-    os.replace(path + ".tmp", path)
+    write_json(path, data)
 
 
 def write_config(cfg):
@@ -174,8 +179,7 @@ def train(cfg, resume=False, progress=True):
     evaluator = next((h for h in hooks if isinstance(h, Evaluator)), None)
     reference = reference_results(cfg) if evaluator is not None else None
     if reference:   # a row of the evaluator's table and results.json, between 'untrained' and 'last'
-        evaluator.extra_rows.append({"name": REFERENCE_LABELS.get(cfg.TEST.REFERENCE, cfg.TEST.REFERENCE),
-                                     "iteration": None, "results": reference})
+        evaluator.extra_rows.extend(reference_rows(cfg, reference))
     trainer.register_hooks(hooks)
     trainer.train()
     if evaluator is not None and evaluator.best is not None:
@@ -232,8 +236,6 @@ def test(cfg, vis_rank=0, reference_only=False, engine=None, model_path=None):
     with vis_rank > 0, rank-list PNGs under OUTPUT_DIR/eval/rank_lists/<dataset>/. With TEST.REFERENCE the
     reference is evaluated too; ``reference_only`` (test.py --reference without MODEL.WEIGHTS or a model
     file) evaluates only the reference."""
-    import json
-
     import compat
     from reid.deploy import format_of, load_engine
     from reid.evaluation import format_results_table, format_rows_table, save_rank_lists
@@ -245,9 +247,7 @@ def test(cfg, vis_rank=0, reference_only=False, engine=None, model_path=None):
     if reference_only and not cfg.MODEL.WEIGHTS and not model_path:
         # the reference alone needs no network: `test.py --reference histogram` on any target
         reference = reference_results(cfg)
-        with open(path + ".tmp", "w") as fh:
-            json.dump({"references": {cfg.TEST.REFERENCE: reference}}, fh, indent=2, sort_keys=True)
-        os.replace(path + ".tmp", path)
+        write_json(path, {"references": {cfg.TEST.REFERENCE: reference}})
         print(format_rows_table(reference_rows(cfg, reference)))
         print("results written to %s" % path)
         return reference
@@ -263,9 +263,7 @@ def test(cfg, vis_rank=0, reference_only=False, engine=None, model_path=None):
               "results": results}
     if reference:
         record["references"] = {cfg.TEST.REFERENCE: reference}
-    with open(path + ".tmp", "w") as fh:
-        json.dump(record, fh, indent=2, sort_keys=True)
-    os.replace(path + ".tmp", path)
+    write_json(path, record)
     if reference:
         label = os.path.basename(cfg.MODEL.WEIGHTS if engine == "eager" else model_path)
         print(format_rows_table(reference_rows(cfg, reference, results, label)))
