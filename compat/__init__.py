@@ -19,10 +19,13 @@ from compat.tensor import (as_tensor, to_numpy, manual_seed, no_grad, assign_, i
 from compat.device import set_device, current_device, to_device  # noqa: E402
 from compat.autograd import value_and_grad  # noqa: E402
 from compat.norm import batch_norm, instance_norm  # noqa: E402
+from compat import jit  # noqa: E402,F401
+from compat.jit import eager_only, state_buffer  # noqa: E402
+jit.set_threads()
 from compat.clip import clip_grad_norm  # noqa: E402
 from compat.custom_op import custom_op  # noqa: E402
 from compat import optim, schedules, checkpoint, data  # noqa: E402,F401
-from compat.functional import normalize  # noqa: E402
+from compat.functional import normalize, vector_norm, max_values, min_values, where  # noqa: E402
 
 
 def info():

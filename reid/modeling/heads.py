@@ -22,7 +22,8 @@ def check_num_classes(num_classes):
 class MetaEmbeddingHead(nn.Module):
     """features (N, C, H, W) ->
     train: dict(features (N, C) pooled, neck_feat (N, C) after BNNeck, feat_norm (N, C) L2-normalised
-                neck_feat, logits [ (N, n_d) per domain ], center_dist (N, Σ n_d) or None)
+                neck_feat, logits [ (N, n_d) per domain ], center_dist (N, Σ n_d) or None, paths: the
+                backbone's router weights passed through, or None)
     eval:  neck_feat (N, C), BNNeck with running statistics.
     """
 
@@ -38,7 +39,7 @@ class MetaEmbeddingHead(nn.Module):
             [MetaLinear(feat_dim, n, weight=np.random.normal(0.0, 0.01, (n, feat_dim))) for n in self.num_classes])
         self.center = MetaCenters(feat_dim, sum(self.num_classes)) if with_centers else None
 
-    def forward(self, features):
+    def forward(self, features, paths=None):
         pooled = self.pool(features)
         neck = self.bottleneck(pooled)
         if not self.training:
@@ -47,4 +48,4 @@ class MetaEmbeddingHead(nn.Module):
         if self.scale != 1.0:
             logits = [l * self.scale for l in logits]
         return dict(features=pooled, neck_feat=neck, feat_norm=compat.normalize(neck, 2.0, 1), logits=logits,
-                    center_dist=self.center(neck) if self.center is not None else None)
+                    center_dist=self.center(neck) if self.center is not None else None, paths=paths)
