@@ -73,4 +73,4 @@ class ReIDModel(nn.Module):
 
     def forward(self, images):
         features, paths = self.backbone(self.preprocess(images))
-        return self.heads(features, paths)
+        return self.heads(features, paths)  # compiled, train mode: a tuple (reid.modeling.heads.train_dict)
