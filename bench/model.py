@@ -1,7 +1,9 @@
 """Speed of the ACL network, MindSpore vs torch, measured in one run (one backend after the other, so they
-never share the CPU): train-mode forward and forward+backward time per image at full size (BASE_WIDTH 64,
-256x128, batch 8, Protocol-2 class counts) and at demo size (configs/synthetic/acl.yml: BASE_WIDTH 8,
-64x32, batch 64, NUM_SPLITS 1). Prints seconds per image and the MindSpore/torch ratio.
+never share the CPU): train-mode forward, forward+backward and eval forward time per image, MindSpore op by
+op and with the eval forward compiled (MODEL.JIT), at full size (BASE_WIDTH 64, 256x128, batch 8, Protocol-2
+class counts) and at demo size (configs/synthetic/acl.yml: BASE_WIDTH 8, 64x32, batch 64, NUM_SPLITS 1).
+Prints seconds per image and the MindSpore/torch ratio. Forwards run without gradient recording on both
+sides (torch under no_grad), so like is timed against like.
 
     python bench/model.py [--sizes demo,full] [--repeats 3]
 
@@ -23,9 +25,11 @@ SIZES = {
 }
 
 
-def measure(width, height, batch, splits, classes, repeats):
-    """Seconds per batch (median of `repeats` after one warm-up) of a train-mode forward and of a forward +
-    backward w.r.t. every trainable parameter through compat.value_and_grad."""
+def measure(width, height, batch, splits, classes, repeats, jit=False):
+    """Seconds per batch (median of `repeats` after one warm-up) of a train-mode forward, of a forward +
+    backward w.r.t. every trainable parameter through compat.value_and_grad, and of the eval-mode forward
+    (compiled when `jit`, as MODEL.JIT runs evaluation). Forwards that need no gradient run under
+    compat.no_grad() on both backends (MindSpore records nothing outside value_and_grad; torch would)."""
     import compat
     from reid.config import get_cfg
     from reid.modeling import build_model
@@ -44,6 +48,18 @@ def measure(width, height, batch, splits, classes, repeats):
             out = model(images)
         return compat.to_numpy(out["feat_norm"])        # reading a result waits for the computation
 
+    def eval_model(x):
+        return model(x)
+    eval_forward_fn = compat.jit.compiled(eval_model, "bench_eval_forward") if jit else eval_model
+
+    def eval_forward():
+        model.eval()
+        try:
+            with compat.no_grad():
+                return compat.to_numpy(eval_forward_fn(images))
+        finally:
+            model.train()
+
     def loss_fn(x):
         out = model(x)
         loss = (out["feat_norm"] * out["feat_norm"]).sum() + out["center_dist"].mean() + out["paths"].sum()
@@ -55,7 +71,10 @@ def measure(width, height, batch, splits, classes, repeats):
         _, _, grads = grad_fn(images)
         return compat.to_numpy(grads[0])
 
-    result = median_seconds((("forward", forward), ("forward+backward", forward_backward)), repeats)
+    if jit:
+        compat.jit.prepare(model)
+    result = median_seconds((("forward", forward), ("forward+backward", forward_backward),
+                             ("eval forward", eval_forward)), repeats)
     result["layer"] = layer_name()
     return result
 
@@ -65,9 +84,15 @@ def main():
     rows = []
     for size in args.sizes.split(","):
         spec = dict(SIZES[size], repeats=args.repeats)
-        got = on_both_backends("bench.model:measure", spec)
+        got = on_both_backends("bench.model:measure", spec,
+                               {"mindspore": ("mindspore", {}), "mindspore-jit": ("mindspore", {"jit": True}),
+                                "torch": ("torch", {})})
         rows.append((size, spec, got))
-        for name in ("forward", "forward+backward"):
+        ms, tr = got["mindspore-jit"]["eval forward"] / spec["batch"], got["torch"]["eval forward"] / spec["batch"]
+        print("%-5s w%-2d %dx%d b%-2d %-17s compiled MindSpore %8.4f s/img   torch %8.4f s/img   ratio %5.2fx"
+              % (size, spec["width"], spec["height"], spec["height"] // 2, spec["batch"], "eval forward", ms, tr,
+                 ms / tr), flush=True)
+        for name in ("forward", "forward+backward", "eval forward"):
             ms, tr = got["mindspore"][name] / spec["batch"], got["torch"][name] / spec["batch"]
             print("%-5s w%-2d %dx%d b%-2d %-17s MindSpore %8.4f s/img   torch %8.4f s/img   ratio %5.2fx"
                   % (size, spec["width"], spec["height"], spec["height"] // 2, spec["batch"], name, ms, tr, ms / tr),

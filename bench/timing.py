@@ -29,11 +29,45 @@ def size_args(doc, sizes, default=None):
     return parser.parse_args()
 
 
-def on_both_backends(target, kwargs):
-    """{backend: result} of the case `target` run under MindSpore, then under torch (each in its own
-    environment, one after the other, so they never share the CPU)."""
-    from tests.crossenv import run_cases
-    return {backend: run_cases(backend, [(target, kwargs)], timeout=3600)[0] for backend in ("mindspore", "torch")}
+def on_both_backends(target, kwargs, variants=None):
+    """{backend: result} of the case `target` run under MindSpore, then under torch, each in a fresh process of
+    its own environment (one after the other, so they never share the CPU, and each result's `peak_rss_mb` is
+    that process's own peak). `variants`: {label: (backend, extra kwargs)} instead of one run per backend."""
+    variants = variants or {"mindspore": ("mindspore", {}), "torch": ("torch", {})}
+    return {label: run_isolated(backend, target, dict(kwargs, **extra)) for label, (backend, extra) in variants.items()}
+
+
+def run_isolated(backend, target, kwargs, timeout=3600):
+    """The result of `target(**kwargs)` in a new process of `backend`'s environment, with its peak RSS."""
+    import os
+    import pickle
+    import subprocess
+    import tempfile
+    from pathlib import Path
+    from tests.crossenv import PYTHONS, ROOT, require_backend
+    require_backend(backend)
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        src, dst = Path(tmp) / "in.pkl", Path(tmp) / "out.pkl"
+        with open(src, "wb") as fh:
+            pickle.dump([("bench.timing:with_peak_rss", {"target": target, "kwargs": kwargs})], fh, protocol=4)
+        env = dict(os.environ, REID_BACKEND=backend, PYTHONPATH=str(ROOT))
+        proc = subprocess.run([str(PYTHONS[backend]), str(ROOT / "tests" / "_crossenv_child.py"), str(src), str(dst)],
+                              cwd=str(ROOT), env=env, capture_output=True, text=True, timeout=timeout)
+        if proc.returncode != 0:
+            raise RuntimeError("%s run of %s failed (rc %d):\n%s" % (backend, target, proc.returncode,
+                                                                      proc.stderr[-4000:]))
+        with open(dst, "rb") as fh:
+            return pickle.load(fh)[0]
+
+
+def with_peak_rss(target, kwargs):
+    """Run `target` ("module:function") and add the process's peak resident memory (MB) to its result."""
+    import importlib
+    import resource
+    module, name = target.split(":")
+    result = getattr(importlib.import_module(module), name)(**kwargs)
+    result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    return result
 
 
 def layer_name():

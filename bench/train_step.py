@@ -11,6 +11,7 @@ our 24 GiB machines). Data: a small synthetic set
 1% of it). Class counts come from that data, so the full-size head is smaller than Protocol-2's.
 Before timing, each side runs a basic step and meta steps until every source domain has been the meta-test
 domain once, so that no step signature builds its (MindSpore) backward graph inside the timed calls.
+Each side runs in a fresh process, so the peak resident memory printed is that backend's own.
 
     python bench/train_step.py [--sizes demo,full-b8,full] [--repeats 3]
 """
@@ -51,16 +52,18 @@ def warm_up(trainer, max_meta_steps=30):
 
 
 def measure(overrides, root, repeats):
+    import time
     from reid.config import load_cfg
     from reid.engine.trainer import Trainer
     cfg = load_cfg(os.path.join(ROOT, "configs", "synthetic", "acl.yml"),
                    COMMON + overrides + ["DATASETS.ROOT", root, "OUTPUT_DIR", os.path.join(root, "out")])
     trainer = Trainer(cfg, quiet=True)
     trainer.iter = 1
+    start = time.perf_counter()
     warmed = warm_up(trainer)
+    warm = time.perf_counter() - start
     result = median_seconds((("basic", trainer.basic_step), ("meta", trainer.meta_step)), repeats)
-    result["layer"] = layer_name()
-    result["warmed_domains"] = warmed
+    result.update(layer=layer_name(), warm_up_s=warm, warmed_domains=warmed)
     return result
 
 
@@ -80,6 +83,11 @@ def main():
                 ms, tr = got["mindspore"][step], got["torch"][step]
                 print("%-7s %-5s step   MindSpore %7.2f s   torch %7.2f s   ratio %5.2fx"
                       % (size, step, ms, tr, ms / tr), flush=True)
+            ms, tr = got["mindspore"]["peak_rss_mb"], got["torch"]["peak_rss_mb"]
+            print("%-7s peak RSS     MindSpore %7.0f MB  torch %7.0f MB  ratio %5.2fx   (warm-up: %.0f s / %.0f s, "
+                  "meta-test domains %s)" % (size, ms, tr, ms / tr, got["mindspore"]["warm_up_s"],
+                                             got["torch"]["warm_up_s"], got["mindspore"]["warmed_domains"]),
+                  flush=True)
     print("MindSpore: %s; torch: %s" % (layers["mindspore"], layers["torch"]))
 
 

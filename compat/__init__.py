@@ -20,9 +20,10 @@ _EXPORTS = {
     "is_tensor": "tensor", "zeros_like": "tensor", "detach_tree": "tensor",
     "set_device": "device", "current_device": "device", "to_device": "device",
     "value_and_grad": "autograd", "batch_norm": "norm", "instance_norm": "norm", "clip_grad_norm": "clip",
-    "custom_op": "custom_op", "normalize": "functional",
+    "custom_op": "custom_op", "normalize": "functional", "vector_norm": "functional", "max_values": "functional",
+    "min_values": "functional", "where": "functional", "eager_only": "jit", "state_buffer": "jit",
 }
-_SUBMODULES = ("optim", "schedules", "checkpoint", "data")
+_SUBMODULES = ("optim", "schedules", "checkpoint", "data", "jit")
 _BACKEND_NAMES = ("BACKEND", "IS_MINDSPORE", "LAYER", "IS_MINDTORCH", "torch", "nn", "F")
 _state = {"loading": False}
 
@@ -39,9 +40,14 @@ def _load():
                  # LAYER: 'torch' | 'msadapter.pytorch' | 'mindtorch.torch' (0.4.0 on the MindSpore 2.6 pre-release)
                  LAYER=info["layer"], IS_MINDTORCH=info["layer"] == "mindtorch.torch")
         for name, module in _EXPORTS.items():
-            g[name] = getattr(importlib.import_module("compat." + module), name)
+            # a submodule imported directly (`import compat.norm`) is still half-initialised when its own
+            # module-level code got here: its names are bound later, on first use (__getattr__)
+            value = getattr(importlib.import_module("compat." + module), name, None)
+            if value is not None:
+                g[name] = value
         for module in _SUBMODULES:
             g[module] = importlib.import_module("compat." + module)
+        g["jit"].set_threads()  # MindSpore's CPU kernel pool: one thread per core unless told otherwise
     finally:
         _state["loading"] = False
 
@@ -52,6 +58,10 @@ def __getattr__(name):
             _load()
         if name in globals():
             return globals()[name]
+        if name in _EXPORTS and not _state["loading"]:
+            value = getattr(importlib.import_module("compat." + _EXPORTS[name]), name)
+            globals()[name] = value
+            return value
     raise AttributeError("module 'compat' has no attribute %r" % (name,))
 
 

@@ -5,10 +5,57 @@ tensor, whose gradient is missing, so d/dx treats the norm partly as a constant 
 gradients are not). Built here from `torch.norm`, whose gradient is correct.
 """
 import compat as _c
+from compat.jit import eager_only, in_graph
 
 
 def normalize(x, p=2.0, dim=1, eps=1e-12):
     """torch.nn.functional.normalize: x / max(||x||_p over `dim`, eps), with correct gradients on MindSpore."""
     if not _c.IS_MINDSPORE:
         return _c.F.normalize(x, p, dim, eps)
-    return x / _c.torch.norm(x, p, dim, keepdim=True).clamp(min=eps)
+    return x / vector_norm(x, p, dim).clamp(min=eps)
+
+
+def vector_norm(x, p=2.0, dim=1):
+    """||x||_p over `dim`, keepdim. Compiled on MindSpore, `torch.norm` would run as interpreted Python (and
+    fail): there it is the same maths from elementwise ops and a sum, whose gradient is right away from 0."""
+    if in_graph():  # compiled, the torch-API layer's reductions run as interpreted Python: MindSpore's ops
+        from_ms = _c.torch.cast_to_adapter_tensor
+        if p == 2.0:
+            return from_ms(_ms_ops.sqrt(_SUM_KEEPDIM(x * x, dim)))
+        return from_ms(_ms_ops.pow(_SUM_KEEPDIM(_ms_ops.pow(_ms_ops.abs(x), p), dim), 1.0 / p))
+    return _c.torch.norm(x, p, dim, keepdim=True)
+
+
+# torch.max / torch.min over a dim and torch.where of the torch-API layer cannot run compiled (they build
+# named tuples, or fail to parse): compiled, the same MindSpore kernels are called directly (ArgMaxWithValue is
+# what the layer runs op by op, so gradients go to the same index on ties).
+def max_values(x, dim):
+    """torch.max(x, dim)[0]."""
+    if in_graph():
+        return _c.torch.cast_to_adapter_tensor(_ms_P.ArgMaxWithValue(axis=dim, keep_dims=False)(x)[1])
+    return _c.torch.max(x, dim=dim)[0]
+
+
+def min_values(x, dim):
+    """torch.min(x, dim)[0]."""
+    if in_graph():
+        return _c.torch.cast_to_adapter_tensor(_ms_P.ArgMinWithValue(axis=dim, keep_dims=False)(x)[1])
+    return _c.torch.min(x, dim=dim)[0]
+
+
+def where(condition, x, y):
+    """torch.where(condition, x, y)."""
+    if in_graph():
+        return _c.torch.cast_to_adapter_tensor(_ms_ops.select(condition, x, y))
+    return _eager_where(condition, x, y)
+
+
+@eager_only  # (the layer's torch.where does not even parse in compiled code, although never called there)
+def _eager_where(condition, x, y):
+    return _c.torch.where(condition, x, y)
+
+
+if _c.IS_MINDSPORE:
+    from mindspore import ops as _ms_ops
+    from mindspore.ops import operations as _ms_P
+    _SUM_KEEPDIM = _ms_ops.ReduceSum(keep_dims=True)

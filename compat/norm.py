@@ -20,6 +20,7 @@ import numpy as np
 
 import compat as _c
 from compat.errors import UserError
+from compat.jit import eager_only, in_graph
 from compat.tensor import assign_
 
 MODES = ("general", "hold", "eval")
@@ -49,23 +50,28 @@ def _update_running(running_mean, running_var, mean, var_biased, count, momentum
     assign_(running_var, running_var * (1.0 - momentum) + var_unbiased * momentum)
 
 
+@eager_only
+def _check_split(n, num_splits):
+    if n % num_splits:
+        raise UserError("batch of %d cannot be split into MODEL.NUM_SPLITS=%d equal chunks; make the batch size a "
+                        "multiple of NUM_SPLITS" % (n, num_splits))
+
+
 def batch_norm(x, running_mean, running_var, weight=None, bias=None, mode="general", momentum=0.1, eps=1e-5,
                num_splits=1):
     if mode not in MODES:
-        raise ValueError("batch_norm mode must be one of %s, got %r" % (MODES, mode))
+        raise ValueError("batch_norm mode must be one of general, hold, eval; got %r" % (mode,))
     F = _c.F
     ndim = x.dim()
     if mode == "eval":
         if _c.IS_MINDSPORE:
-            return _ms_batch_norm(x, weight, bias, eps, running_mean, running_var)
+            return _ms_batch_norm(x, weight, bias, eps, "eval", running_mean, running_var, momentum)
         return F.batch_norm(x, running_mean, running_var, weight, bias, False, 0.0, eps)
 
     num_splits = int(num_splits)
     n = x.shape[0]
     if num_splits > 1:
-        if n % num_splits:
-            raise UserError("batch of %d cannot be split into MODEL.NUM_SPLITS=%d equal chunks; make the batch "
-                            "size a multiple of NUM_SPLITS" % (n, num_splits))
+        _check_split(n, num_splits)
         return _split_batch_norm(x, running_mean, running_var, weight, bias, mode, momentum, eps, num_splits)
 
     if not _c.IS_MINDSPORE:
@@ -74,16 +80,14 @@ def batch_norm(x, running_mean, running_var, weight=None, bias=None, mode="gener
         return F.batch_norm(x, None, None, weight, bias, True, 0.0, eps)
 
     _reduce_dims(ndim)
-    update = (running_mean, running_var, momentum) if mode == "general" else None
-    return _ms_batch_norm(x, weight, bias, eps, update=update)
+    return _ms_batch_norm(x, weight, bias, eps, mode, running_mean, running_var, momentum)
 
 
 def _split_batch_norm(x, running_mean, running_var, weight, bias, mode, momentum, eps, num_splits):
     if _c.IS_MINDSPORE:
         size = x.shape[0] // num_splits
-        update = (running_mean, running_var, momentum) if mode == "general" else None
-        outs = [_ms_batch_norm(x[i * size:(i + 1) * size], weight, bias, eps, update=update if i == 0 else None)
-                for i in range(num_splits)]
+        outs = [_ms_batch_norm(x[i * size:(i + 1) * size], weight, bias, eps, mode if i == 0 else "hold",
+                               running_mean, running_var, momentum) for i in range(num_splits)]
         return _c.torch.cat(outs, 0)
     torch = _c.torch
     ndim = x.dim()
@@ -104,12 +108,18 @@ def instance_norm(x, weight=None, bias=None, eps=1e-5):
     """Per-sample, per-channel normalisation over the spatial dims (affine, no running statistics)."""
     if not _c.IS_MINDSPORE:
         return _c.F.instance_norm(x, None, None, weight, bias, True, 0.1, eps)
+    if in_graph():
+        # compiled: reductions (the fused kernel needs Parameters of N*C channels, which a graph cannot make)
+        mean = x.mean((2, 3), keepdim=True)
+        centred = x - mean
+        var = (centred * centred).mean((2, 3), keepdim=True)
+        return _affine(centred / _c.torch.sqrt(var + eps), weight, bias, 4)
     shape = tuple(x.shape)
     n = shape[0]
     # the affine goes into the kernel as per-(sample, channel) scale/offset: fewer ops than a separate affine
     scale = weight.repeat(n) if weight is not None and n > 1 else weight
     offset = bias.repeat(n) if bias is not None and n > 1 else bias
-    y = _ms_batch_norm(x.reshape((1, n * shape[1]) + shape[2:]), scale, offset, eps)
+    y = _ms_batch_norm(x.reshape((1, n * shape[1]) + shape[2:]), scale, offset, eps, "hold")
     return y.reshape(shape)
 
 
@@ -117,61 +127,98 @@ def instance_norm(x, weight=None, bias=None, eps=1e-5):
 _MS = {}
 
 
-def _ms_constants(channels):
-    """Per channel count: ones, zeros and the scratch statistics the fused kernel writes into."""
-    if channels not in _MS:
+@eager_only
+def _eager_kernel_inputs(channels, weight, bias, running_mean, running_var):
+    """(weight, bias, mean, var) for the training kernel op by op: scratch Parameters (one set per channel
+    count) where the caller gives no running statistics as Parameters, ones / zeros for a missing affine."""
+    import mindspore
+    if isinstance(running_mean, mindspore.Parameter) and isinstance(running_var, mindspore.Parameter):
+        stats = (running_mean, running_var)
+    else:
+        if channels not in _MS:
+            zeros, ones = np.zeros(channels, np.float32), np.ones(channels, np.float32)
+            _MS[channels] = (mindspore.Parameter(mindspore.Tensor(zeros), name="bn_scratch_mean_%d" % channels,
+                                                 requires_grad=False),
+                             mindspore.Parameter(mindspore.Tensor(ones), name="bn_scratch_var_%d" % channels,
+                                                 requires_grad=False))
+        stats = _MS[channels]
+    if weight is None:
+        weight = mindspore.Tensor(np.ones(channels, np.float32))
+    if bias is None:
+        bias = mindspore.Tensor(np.zeros(channels, np.float32))
+    return weight, bias, stats[0], stats[1]
+
+
+def _unbiased_batch_var(saved_var, x4, count):
+    """The unbiased batch variance, detached, from the training kernel's 5th output. What that output holds
+    differs between MindSpore builds and devices (the biased variance on 2.0 CPU; other builds may save the
+    unbiased variance or an inverse standard deviation), so `probe_kernel` asks the kernel once, before any
+    graph is built, and the choice below is made when the graph is built. Where the output is neither
+    variance, the variance is recomputed from the input by reductions."""
+    kind = _saved_var_kind()  # a compile-time constant inside compiled code
+    if kind == "biased":
+        return _ops.stop_gradient(saved_var) * (float(count) / max(count - 1, 1))
+    if kind == "unbiased":
+        return _ops.stop_gradient(saved_var)
+    xd = _ops.stop_gradient(x4)
+    centred = xd - xd.mean((0, 2, 3), True)
+    return (centred * centred).sum((0, 2, 3)) / float(max(count - 1, 1))
+
+
+def probe_kernel():
+    """Ask MindSpore's training batch-norm kernel what its 5th output holds, on two values whose statistics
+    tell the cases apart (biased variance 4, unbiased 8, inverse standard deviation ~0.5). Eager, once per
+    process; compat.jit.prepare calls it before any graph is built. Returns 'biased', 'unbiased' or 'other'."""
+    if "saved_var_kind" not in _MS:
         import mindspore
-        zeros, ones = np.zeros(channels, np.float32), np.ones(channels, np.float32)
-        _MS[channels] = dict(
-            ones=mindspore.Tensor(ones), zeros=mindspore.Tensor(zeros),
-            mean=mindspore.Parameter(mindspore.Tensor(zeros), name="bn_scratch_mean_%d" % channels,
-                                     requires_grad=False),
-            var=mindspore.Parameter(mindspore.Tensor(ones), name="bn_scratch_var_%d" % channels, requires_grad=False))
-    return _MS[channels]
+        x = mindspore.Tensor(np.array([-2.0, 2.0], np.float32).reshape(2, 1, 1, 1))
+        ones, zeros = mindspore.Tensor(np.ones(1, np.float32)), mindspore.Tensor(np.zeros(1, np.float32))
+        mean = mindspore.Parameter(mindspore.Tensor(np.zeros(1, np.float32)), name="bn_probe_mean", requires_grad=False)
+        var = mindspore.Parameter(mindspore.Tensor(np.ones(1, np.float32)), name="bn_probe_var", requires_grad=False)
+        saved = float(_P.BatchNorm(is_training=True, epsilon=1e-5, momentum=0.0)(x, ones, zeros, mean, var)[4]
+                      .asnumpy().reshape(-1)[0])
+        _MS["saved_var_kind"] = "biased" if abs(saved - 4.0) < 1e-3 else "unbiased" if abs(saved - 8.0) < 1e-3 \
+            else "other"
+    return _MS["saved_var_kind"]
 
 
-def _ms_kernel(training, eps):
-    key = ("kernel", training, float(eps))
-    if key not in _MS:
-        from mindspore import ops
-        # momentum 1: the scratch statistics become the batch mean and biased variance of this call
-        _MS[key] = ops.BatchNorm(is_training=training, epsilon=float(eps), momentum=1.0)
-    return _MS[key]
+def _ms_batch_norm(x, weight, bias, eps, mode, running_mean=None, running_var=None, momentum=0.1):
+    """Fused batch norm on MindSpore. 'eval': normalise with the running statistics. 'hold' / 'general': batch
+    statistics; 'general' then applies torch's running-statistics rule (unbiased variance) to the running
+    tensors from the kernel's batch mean and biased variance (its 4th and 5th outputs on CPU).
 
-
-def _to_unbiased(count):
-    """Factor that turns the kernel's scratch variance into the unbiased one: count/(count-1) where the kernel
-    writes the biased variance (MindSpore 2.0), 1 where it already writes the unbiased one (MindSpore 2.6).
-    Asked of the kernel once, on two values whose variances differ (biased 1, unbiased 2)."""
-    if "kernel_var_unbiased" not in _MS:
-        import mindspore
-        const = _ms_constants(1)
-        x = mindspore.Tensor(np.array([-1.0, 1.0], np.float32).reshape(2, 1, 1, 1))
-        _ms_kernel(True, 1e-5)(x, const["ones"], const["zeros"], const["mean"], const["var"])
-        _MS["kernel_var_unbiased"] = bool(const["var"].asnumpy()[0] > 1.5)
-    return 1.0 if _MS["kernel_var_unbiased"] else float(count) / max(count - 1, 1)
-
-
-def _ms_batch_norm(x, weight, bias, eps, running_mean=None, running_var=None, update=None):
-    """Fused batch norm on MindSpore. With running tensors: evaluation (normalise with them). Without: batch
-    statistics; `update=(running_mean, running_var, momentum)` then applies torch's running-statistics rule
-    (unbiased variance) from the scratch statistics, right after the kernel wrote them (ops run in order)."""
+    The training kernel insists on Parameters to write its moving statistics into: it gets the running
+    statistics themselves with momentum 0, which writes back exactly the values it read (compiled code can
+    only reach Parameters, so the model's running statistics are Parameters: compat.jit.state_buffer). Op by
+    op, callers without such Parameters get per-channel scratch ones. Weight and bias must be Parameters in
+    compiled code too (the kernel's signature marks them writable)."""
     torch = _c.torch
-    shape = tuple(x.shape)
-    channels = shape[1]
-    x4 = x.reshape(shape + (1,) * (4 - len(shape))) if len(shape) < 4 else x
-    const = _ms_constants(channels)
-    scale = weight if weight is not None else const["ones"]
-    offset = bias if bias is not None else const["zeros"]
-    if running_mean is not None:
-        y = torch.cast_to_adapter_tensor(_ms_kernel(False, eps)(x4, scale, offset, running_mean, running_var)[0])
-        return y if len(shape) == 4 else y.reshape(shape)
-    y = _ms_kernel(True, eps)(x4, scale, offset, const["mean"], const["var"])[0]
-    if update is not None:
-        from mindspore import ops
-        rm, rv, momentum = update
-        count = int(np.prod(shape)) // channels  # from the shape: Tensor.numel() is a device op + sync on MindSpore
-        ops.assign(rm, ops.lerp(rm, const["mean"], float(momentum)))
-        ops.assign(rv, ops.lerp(rv, const["var"] * _to_unbiased(count), float(momentum)))
-    y = torch.cast_to_adapter_tensor(y)
-    return y if len(shape) == 4 else y.reshape(shape)
+    shape = x.shape
+    ndim = len(shape)
+    x4 = x.reshape(shape + (1,) * (4 - ndim)) if ndim < 4 else x
+    if mode == "eval":
+        y = _prim_cache(_P.BatchNorm)(is_training=False, epsilon=eps)(x4, weight, bias, running_mean, running_var)[0]
+        y = torch.cast_to_adapter_tensor(y)
+        return y if ndim == 4 else y.reshape(shape)
+    inputs = _eager_kernel_inputs(shape[1], weight, bias, running_mean, running_var)
+    if inputs is None:  # compiled: the model's Parameters
+        inputs = (weight, bias, running_mean, running_var)
+    out = _prim_cache(_P.BatchNorm)(is_training=True, epsilon=eps, momentum=0.0)(x4, *inputs)
+    if mode == "general":
+        count = 1
+        for i in range(ndim):
+            if i != 1:
+                count = count * shape[i]
+        batch_mean = _ops.stop_gradient(out[3])
+        batch_var = _unbiased_batch_var(out[4], x4, count)
+        _ops.assign(running_mean, _ops.lerp(running_mean, batch_mean, float(momentum)))
+        _ops.assign(running_var, _ops.lerp(running_var, batch_var, float(momentum)))
+    y = torch.cast_to_adapter_tensor(out[0])
+    return y if ndim == 4 else y.reshape(shape)
+
+
+if _c.IS_MINDSPORE:
+    from mindspore import ops as _ops
+    from mindspore.ops import operations as _P
+    from mindspore.ops._primitive_cache import _get_cache_prim as _prim_cache
+    _saved_var_kind = _ops.constexpr(probe_kernel, check=False)

@@ -15,11 +15,17 @@ from reid.losses import (center_loss, cross_entropy_per_domain, domain_sct_loss,
 METRIC_FEATURES = {"after": "feat_norm", "before": "features"}
 
 
-def metric_feature_key(neck_feat):
+@compat.eager_only
+def _check_neck_feat(neck_feat):
     if neck_feat not in METRIC_FEATURES:
         raise compat.UserError("MODEL.HEADS.NECK_FEAT must be one of %s, got %r"
                                % (", ".join(METRIC_FEATURES), neck_feat))
-    return METRIC_FEATURES[neck_feat]
+
+
+def metric_feature_key(neck_feat):
+    """The head output the metric losses use (the check is skipped inside compiled code: compat/jit.py)."""
+    _check_neck_feat(neck_feat)
+    return METRIC_FEATURES.get(neck_feat, "feat_norm")
 
 
 def _chunks(num_splits, n):
@@ -27,20 +33,21 @@ def _chunks(num_splits, n):
     return [slice(i * size, (i + 1) * size) for i in range(num_splits)]
 
 
-def _take(out, batch, sl, metric_key):
+def _take(out, batch, sl, index, metric_key):
     logits = [l[sl] for l in out["logits"]]
     center = out["center_dist"][sl] if out.get("center_dist") is not None else None
     paths = out["paths"][sl] if out.get("paths") is not None else None
+    present = batch["present"][index] if batch.get("present") is not None else None
     return dict(metric_feat=out[metric_key][sl], logits=logits, center_dist=center, paths=paths,
-                targets=batch["targets"][sl], domains=batch["domains"][sl])
+                targets=batch["targets"][sl], domains=batch["domains"][sl], present=present)
 
 
 def _cluster_terms(c, cfg, terms):
     cl = cfg.MODEL.LOSSES.CLUSTER
     if c["paths"] is None or not cl.ENABLED:
         return
-    terms["loss_intra"] = intra_cluster_loss(c["paths"], c["domains"], cl.INTRA_MARGIN, cl.CENTROID)
-    terms["loss_inter"] = inter_cluster_loss(c["paths"], c["domains"], cl.INTER_MARGIN, cl.CENTROID)
+    terms["loss_intra"] = intra_cluster_loss(c["paths"], c["domains"], cl.INTRA_MARGIN, cl.CENTROID, c["present"])
+    terms["loss_inter"] = inter_cluster_loss(c["paths"], c["domains"], cl.INTER_MARGIN, cl.CENTROID, c["present"])
 
 
 def _chunk_terms(kind, c, cfg, offsets):
@@ -48,7 +55,7 @@ def _chunk_terms(kind, c, cfg, offsets):
     terms = {}
     if kind == "basic":
         terms["loss_cls"] = cross_entropy_per_domain(c["logits"], c["targets"], c["domains"], offsets,
-                                                     losses.CE.EPSILON, losses.CE.SCALE)
+                                                     losses.CE.EPSILON, losses.CE.SCALE, present=c["present"])
         terms["loss_triplet"] = triplet_loss(c["metric_feat"], c["targets"], losses.TRI.MARGIN) * losses.TRI.SCALE
         _cluster_terms(c, cfg, terms)
         if c["center_dist"] is not None and losses.CENTER.SCALE > 0:
@@ -57,7 +64,7 @@ def _chunk_terms(kind, c, cfg, offsets):
         terms["loss_triplet_add"] = triplet_loss_meta(c["metric_feat"], c["targets"], c["domains"], "add")
         terms["loss_triplet_mtrain"] = triplet_loss_meta(c["metric_feat"], c["targets"], c["domains"], "mtrain",
                                                          losses.TRI.MARGIN)
-        terms["loss_sct"] = domain_sct_loss(c["metric_feat"], c["domains"]) * losses.SCT.SCALE
+        terms["loss_sct"] = domain_sct_loss(c["metric_feat"], c["domains"], present=c["present"]) * losses.SCT.SCALE
         _cluster_terms(c, cfg, terms)
     elif kind == "mtest":
         terms["loss_triplet_mtest"] = triplet_loss_meta(c["metric_feat"], c["targets"], c["domains"], "mtest",
@@ -70,19 +77,29 @@ def _chunk_terms(kind, c, cfg, offsets):
     return terms
 
 
-def objective(kind, out, batch, cfg, offsets, num_splits=1):
-    """(total, terms) for one step kind; terms are per-chunk means, total = mean over chunks of their sum."""
-    metric_key = metric_feature_key(cfg.MODEL.HEADS.NECK_FEAT)
-    n = int(out[metric_key].shape[0])
-    num_splits = max(int(num_splits), 1)
+@compat.eager_only
+def _check_split(n, num_splits):
     if n % num_splits:
         raise compat.UserError("batch of %d cannot be split into MODEL.NUM_SPLITS=%d equal chunks; make the batch "
                                "sizes multiples of NUM_SPLITS" % (n, num_splits))
+
+
+def objective(kind, out, batch, cfg, offsets, num_splits=1):
+    """(total, terms) for one step kind; terms are per-chunk means, total = mean over chunks of their sum.
+
+    `batch` holds `targets` and `domains` (N,) tensors and optionally `present`: per chunk, the sorted domain
+    ids it holds (compiled steps must pass it: they cannot read labels on the host, compat/jit.py)."""
+    metric_key = metric_feature_key(cfg.MODEL.HEADS.NECK_FEAT)
+    n = int(out[metric_key].shape[0])
+    num_splits = max(int(num_splits), 1)
+    _check_split(n, num_splits)
     summed = {}
-    for sl in _chunks(num_splits, n):
-        for key, value in _chunk_terms(kind, _take(out, batch, sl, metric_key), cfg, offsets).items():
+    for index, sl in enumerate(_chunks(num_splits, n)):
+        for key, value in _chunk_terms(kind, _take(out, batch, sl, index, metric_key), cfg, offsets).items():
             summed[key] = value if key not in summed else summed[key] + value
-    terms = {k: v / num_splits for k, v in summed.items()}
+    terms = {}
+    for key, value in summed.items():  # (a loop, not a dict comprehension: compiled code cannot parse those)
+        terms[key] = value / num_splits
     total = None
     for value in terms.values():
         total = value if total is None else total + value

@@ -22,15 +22,44 @@ def _column(batch, key, n):
     return np.asarray(compat.to_numpy(value) if compat.is_tensor(value) else value).reshape(-1).astype(np.int64)
 
 
-def extract_features(model, loader, flip=False):
+def _compiled_forward(model):
+    """The eval forward compiled once per model (MindSpore; eager on torch), batches padded to one size."""
+    cache = getattr(model, "compiled", None)
+    if cache is None:
+        return model
+    if "eval" not in cache:
+        compat.jit.prepare(model)
+
+        def eval_forward(images):
+            return model(images)
+        graph = compat.jit.compiled(eval_forward, "eval_forward")
+        size = {}
+
+        def run(images):
+            # one input shape = one graph: a short last batch is padded with zeros (eval BN is per sample)
+            n = int(images.shape[0])
+            size.setdefault("n", n)
+            if n >= size["n"]:
+                return graph(images)
+            pad = torch.zeros((size["n"] - n,) + tuple(images.shape[1:]), dtype=images.dtype)
+            return graph(torch.cat((images, pad), 0))[:n]
+        cache["eval"] = run
+    return cache["eval"]
+
+
+def extract_features(model, loader, flip=False, compiled=None):
     """Run `model` over `loader` (dicts with ``images`` (N,3,H,W) 0..255, ``targets``, ``camids``,
     ``img_paths``) and return ``(features (N, D) float32, pids, camids, paths)`` as numpy / list.
 
     The model is put in eval mode (running BN statistics) and restored to its previous mode afterwards.
     ``flip=True`` averages the features of each image and of its horizontal mirror (fast-reid's TEST.FLIP).
+    ``compiled``: run the compiled eval forward (MindSpore graph mode, compat/jit.py); None follows the
+    model's MODEL.JIT setting (`model.jit`), False runs op by op.
     """
     was_training = bool(getattr(model, "training", False))
     model.eval()
+    use_jit = bool(getattr(model, "jit", False)) if compiled is None else bool(compiled)
+    forward = _compiled_forward(model) if use_jit else model
     feats, pids, camids, paths = [], [], [], []
     try:
         with compat.no_grad():
@@ -38,9 +67,9 @@ def extract_features(model, loader, flip=False):
                 images = batch["images"]
                 if not compat.is_tensor(images):
                     images = compat.as_tensor(np.asarray(images, np.float32))
-                out = _to_features(model(images))
+                out = _to_features(forward(images))
                 if flip:
-                    out = (out + _to_features(model(torch.flip(images, dims=[3])))) / 2.0
+                    out = (out + _to_features(forward(torch.flip(images, dims=[3])))) / 2.0
                 out = np.asarray(compat.to_numpy(out), dtype=np.float32)
                 n = out.shape[0]
                 feats.append(out)

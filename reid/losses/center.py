@@ -1,5 +1,6 @@
 """Center loss on the head's squared distances to the class centers (docs/method.md#loss-center)."""
 
+import compat
 from compat import F
 from compat.errors import UserError
 from reid.losses.utils import host_ints
@@ -12,6 +13,13 @@ def center_loss(center_dist, targets):
     1e-12, i.e. a constant (C-1)*1e-12 per sample with no gradient.
     """
     n, num_classes = int(center_dist.shape[0]), int(center_dist.shape[1])
+    _check_center(targets, n, num_classes)
+    mask = F.one_hot(targets.long(), num_classes).float()
+    return (center_dist * mask).clamp(min=1e-12, max=1e12).sum() / n
+
+
+@compat.eager_only
+def _check_center(targets, n, num_classes):
     tgt = host_ints(targets, "targets")
     if tgt.size != n:
         raise UserError("center_loss: %d targets for %d rows of center distances" % (tgt.size, n))
@@ -20,5 +28,3 @@ def center_loss(center_dist, targets):
     if tgt.min() < 0 or tgt.max() >= num_classes:
         raise UserError("center_loss: labels must lie in [0, %d) (the number of centers), got %d..%d"
                         % (num_classes, int(tgt.min()), int(tgt.max())))
-    mask = F.one_hot(targets.long(), num_classes).float()
-    return (center_dist * mask).clamp(min=1e-12, max=1e12).sum() / n

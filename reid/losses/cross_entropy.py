@@ -7,6 +7,7 @@ local labels, times `scale`, and averages over the domains present in the batch.
 """
 import numpy as np
 
+import compat
 from compat import F
 from compat.errors import UserError
 from reid.losses.utils import host_ints
@@ -29,41 +30,59 @@ def _mean_over_non_zero(per_sample):
     return per_sample.sum() / (per_sample.detach() != 0).float().sum().clamp(min=1.0)
 
 
-def cross_entropy_loss(logits, targets, epsilon=0.1):
-    """fast-reid CE with label smoothing on one classifier: `logits` (N, C), `targets` (N,) in [0, C)."""
+@compat.eager_only
+def _check_epsilon(epsilon):
     if not 0.0 <= float(epsilon) < 1.0:
         raise UserError("MODEL.LOSSES.CE.EPSILON must be in [0, 1), got %r" % (epsilon,))
+
+
+def cross_entropy_loss(logits, targets, epsilon=0.1):
+    """fast-reid CE with label smoothing on one classifier: `logits` (N, C), `targets` (N,) in [0, C)."""
+    _check_epsilon(epsilon)
     return _mean_over_non_zero(_per_sample_loss(logits, targets, epsilon))
 
 
-def cross_entropy_per_domain(logits_list, targets, domains, offsets, epsilon=0.1, scale=0.5, return_present=False):
+@compat.eager_only
+def _check_per_domain(targets, domains, offsets, sizes):
+    """The label checks of cross_entropy_per_domain (op by op only; the data layer guarantees them for compiled
+    steps). Returns the present domain ids."""
+    tgt = host_ints(targets, "targets")
+    dom = host_ints(domains, "domains")
+    if tgt.shape != dom.shape:
+        raise UserError("targets (%d) and domains (%d) must have one entry per sample" % (tgt.size, dom.size))
+    if len(offsets) != len(sizes):
+        raise UserError("need one label offset per classifier: %d offsets for %d classifiers"
+                        % (len(offsets), len(sizes)))
+    present = [int(d) for d in np.unique(dom)]
+    if not present:
+        raise UserError("cross_entropy_per_domain got an empty batch")
+    for d in present:
+        if not 0 <= d < len(sizes):
+            raise UserError("domain id %d has no classifier (there are %d source domains)" % (d, len(sizes)))
+        local = tgt[dom == d] - int(offsets[d])
+        if local.min() < 0 or local.max() >= sizes[d]:
+            raise UserError("labels of domain %d fall outside its classifier's %d classes after subtracting offset "
+                            "%d; training labels must be relabelled domain by domain in DATASETS.NAMES order"
+                            % (d, sizes[d], int(offsets[d])))
+    return present
+
+
+def cross_entropy_per_domain(logits_list, targets, domains, offsets, epsilon=0.1, scale=0.5, return_present=False,
+                             present=None):
     """ACL's classification loss: mean over present domains d of scale * CE(logits_list[d][rows of d], y - offsets[d]).
 
     logits_list: one (N, n_d) tensor per source domain (every sample through every classifier);
     targets: (N,) global labels (relabelled domain by domain); domains: (N,) source index of each sample;
     offsets: first global label of each domain. With return_present, returns (loss, present domain ids):
     a classifier whose domain is absent got no gradient in the original (torch's None), see the trainer.
+    present: the sorted domain ids the batch holds, when the caller knows them (compiled steps, which cannot
+    read labels on the host); else they are read from `domains`.
     """
-    tgt = host_ints(targets, "targets")
-    dom = host_ints(domains, "domains")
-    if tgt.shape != dom.shape:
-        raise UserError("targets (%d) and domains (%d) must have one entry per sample" % (tgt.size, dom.size))
-    if len(offsets) != len(logits_list):
-        raise UserError("need one label offset per classifier: %d offsets for %d classifiers"
-                        % (len(offsets), len(logits_list)))
-    present = [int(d) for d in np.unique(dom)]
-    if not present:
-        raise UserError("cross_entropy_per_domain got an empty batch")
+    found = _check_per_domain(targets, domains, list(offsets), [int(l.shape[1]) for l in logits_list])
+    if present is None:
+        present = found
     total = None
     for d in present:
-        if not 0 <= d < len(logits_list):
-            raise UserError("domain id %d has no classifier (there are %d source domains)" % (d, len(logits_list)))
-        local = tgt[dom == d] - int(offsets[d])
-        num_classes = int(logits_list[d].shape[1])
-        if local.min() < 0 or local.max() >= num_classes:
-            raise UserError("labels of domain %d fall outside its classifier's %d classes after subtracting offset "
-                            "%d; training labels must be relabelled domain by domain in DATASETS.NAMES order"
-                            % (d, num_classes, int(offsets[d])))
         # Every row goes through the classifier and the rows of other domains are masked out, instead of
         # selecting the domain's rows: the graph keeps its shapes whatever the batch holds, which MindSpore's
         # cached backward needs (compat/autograd.py); the loss and its gradients are the same.

@@ -9,19 +9,26 @@ from reid.losses.utils import host_ints, normalize, safe_norm, safe_sqrt
 CENTROIDS = ("scalar", "vector")
 
 
-def _domain_masks(domains):
-    """[(domain id, (N,) float mask, count)] for the domains present, in increasing id order. The count is a
+@compat.eager_only
+def _present(domains):
+    return sorted(set(host_ints(domains, "domains").tolist()))
+
+
+def _domain_masks(domains, present=None):
+    """[(domain id, (N,) float mask, count)] for the domains present, in increasing id order (`present`: those
+    ids when the caller knows them, as compiled steps must; else read from `domains`). The count is a
     tensor computed from the mask, not a host number: constants whose value changes from batch to batch would
     make MindSpore's cached backward graph dynamic (compat/autograd.py)."""
-    dom = host_ints(domains, "domains")
+    if present is None:
+        present = _present(domains)
     out = []
-    for d in sorted(set(dom.tolist())):
+    for d in present:
         mask = (domains == int(d)).float()
         out.append((int(d), mask, mask.sum()))
     return out
 
 
-def domain_sct_loss(embedding, domains, norm_feat=True):
+def domain_sct_loss(embedding, domains, norm_feat=True, present=None):
     """L_SCT (`domain_SCT_loss`, type 'cosine_sim'): mean over present domains of mean_i cos(center_d, f_i),
     center_d = the mean feature of domain d. Minimising it spreads each domain's features apart.
 
@@ -29,9 +36,8 @@ def domain_sct_loss(embedding, domains, norm_feat=True):
     """
     if norm_feat:
         embedding = normalize(embedding, axis=-1)
-    masks = _domain_masks(domains)
-    if not masks:
-        raise UserError("domain_sct_loss got an empty batch")
+    masks = _domain_masks(domains, present)
+    _check_not_empty(len(masks), "domain_sct_loss")
     feat_norm = safe_norm(embedding, 1)
     total = None
     for _, mask, count in masks:
@@ -42,23 +48,33 @@ def domain_sct_loss(embedding, domains, norm_feat=True):
     return total / len(masks)
 
 
-def _centroid(p, mask, count, centroid):
+@compat.eager_only
+def _check_not_empty(count, name):
+    if not count:
+        raise UserError("%s got an empty batch" % name)
+
+
+@compat.eager_only
+def _check_centroid(centroid):
     if centroid not in CENTROIDS:
         raise UserError("MODEL.LOSSES.CLUSTER.CENTROID must be one of %s, got %r" % (", ".join(CENTROIDS), centroid))
+
+
+def _centroid(p, mask, count, centroid):
+    _check_centroid(centroid)
     member = p * mask.unsqueeze(1)
     if centroid == "scalar":  # the original's p[domain == d].mean(): one number over all rows and dimensions
         return member.sum() / (count * int(p.shape[1]))
     return member.sum(0) / count
 
 
-def intra_cluster_loss(paths, domains, margin=0.1, centroid="scalar"):
+def intra_cluster_loss(paths, domains, margin=0.1, centroid="scalar", present=None):
     """L_intra: mean over present domains d of mean_{i in d} ReLU(||p_i - m_d||_2 - margin)^2 on p = L2-normalised
     router weights. centroid 'scalar' reproduces the original (m_d is the mean of every element of the
     domain's rows, broadcast); 'vector' uses the per-dimension centroid."""
     p = compat.normalize(paths, 2, 1)
-    masks = _domain_masks(domains)
-    if not masks:
-        raise UserError("intra_cluster_loss got an empty batch")
+    masks = _domain_masks(domains, present)
+    _check_not_empty(len(masks), "intra_cluster_loss")
     total = None
     for _, mask, count in masks:
         m = _centroid(p, mask, count, centroid)
@@ -68,12 +84,12 @@ def intra_cluster_loss(paths, domains, margin=0.1, centroid="scalar"):
     return total / len(masks)
 
 
-def inter_cluster_loss(paths, domains, margin=0.3, centroid="scalar"):
+def inter_cluster_loss(paths, domains, margin=0.3, centroid="scalar", present=None):
     """L_inter: mean over pairs of present domains of ReLU(margin - ||m_i - m_j||)^2 (same centroids as
     intra_cluster_loss). With fewer than 2 domains present it returns the original's constant fall-back,
     domains.float().mean(), which carries no gradient."""
     p = compat.normalize(paths, 2, 1)
-    masks = _domain_masks(domains)
+    masks = _domain_masks(domains, present)
     if len(masks) < 2:
         return domains.float().mean()
     means = [_centroid(p, mask, count, centroid) for _, mask, count in masks]

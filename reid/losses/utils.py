@@ -11,13 +11,13 @@ from compat.errors import UserError
 
 def normalize(x, axis=-1):
     """x / (||x||_2 + 1e-12): fast-reid's `normalize` (the epsilon is added, unlike F.normalize's clamp)."""
-    return x / (torch.norm(x, 2, axis, keepdim=True) + 1e-12)
+    return x / (compat.vector_norm(x, 2.0, axis) + 1e-12)
 
 
 def euclidean_dist(x, y):
     """(m, n) Euclidean distances sqrt(clamp(|x|^2 + |y|^2 - 2 x.y, 1e-12)) (so the diagonal is 1e-6, not 0)."""
-    xx = (x * x).sum(1, keepdim=True)
-    yy = (y * y).sum(1, keepdim=True).t()
+    xx = (x * x).sum(1).reshape(-1, 1)  # (no keepdim=: compiled code runs MindSpore's tensor methods)
+    yy = (y * y).sum(1).reshape(1, -1)
     dist = xx + yy - 2 * torch.matmul(x, y.t())
     return dist.clamp(min=1e-12).sqrt()
 

@@ -35,7 +35,8 @@ def build_backbone(cfg):
 
 def _assemble(cfg, backbone, with_centers):
     heads = HEAD_REGISTRY.get(cfg.MODEL.HEADS.NAME)(cfg, backbone.feat_dim, with_centers)
-    model = ReIDModel(backbone, heads, cfg.MODEL.PIXEL_MEAN, cfg.MODEL.PIXEL_STD, cfg.MODEL.NUM_SPLITS)
+    model = ReIDModel(backbone, heads, cfg.MODEL.PIXEL_MEAN, cfg.MODEL.PIXEL_STD, cfg.MODEL.NUM_SPLITS,
+                      jit=cfg.MODEL.JIT)
     if cfg.MODEL.BACKBONE.PRETRAIN:
         from reid.modeling.pretrained import load_pretrained_backbone
         load_pretrained_backbone(model, cfg.MODEL.BACKBONE.PRETRAIN_PATH)

@@ -9,6 +9,14 @@ from compat.errors import UserError
 from reid.modeling.layers import AvgPool, GeM, MetaBatchNorm, MetaCenters, MetaLinear
 
 POOL_LAYERS = ("gem", "avg")
+TRAIN_OUTPUTS = ("features", "neck_feat", "feat_norm", "logits", "center_dist", "paths")
+
+
+def train_dict(outputs):
+    """The train-mode output dict from the tuple a compiled forward returns (TRAIN_OUTPUTS order)."""
+    features, neck, feat_norm, logits, center_dist, paths = outputs
+    return {"features": features, "neck_feat": neck, "feat_norm": feat_norm, "logits": logits,
+            "center_dist": center_dist, "paths": paths}
 
 
 def check_num_classes(num_classes):
@@ -22,7 +30,8 @@ def check_num_classes(num_classes):
 class MetaEmbeddingHead(nn.Module):
     """features (N, C, H, W) ->
     train: dict(features (N, C) pooled, neck_feat (N, C) after BNNeck, feat_norm (N, C) L2-normalised
-                neck_feat, logits [ (N, n_d) per domain ], center_dist (N, Σ n_d) or None)
+                neck_feat, logits [ (N, n_d) per domain ], center_dist (N, Σ n_d) or None, paths: the
+                backbone's router weights passed through, or None)
     eval:  neck_feat (N, C), BNNeck with running statistics.
     """
 
@@ -38,13 +47,21 @@ class MetaEmbeddingHead(nn.Module):
             [MetaLinear(feat_dim, n, weight=np.random.normal(0.0, 0.01, (n, feat_dim))) for n in self.num_classes])
         self.center = MetaCenters(feat_dim, sum(self.num_classes)) if with_centers else None
 
-    def forward(self, features):
+    def forward(self, features, paths=None):
+        if not self.training:
+            return self.bottleneck(self.pool(features))
+        outputs = self._train_outputs(features, paths)
+        if compat.jit.in_graph():
+            # compiled: a tuple in TRAIN_OUTPUTS order (a dict returned by a module call arrives as a tensor
+            # inside a MindSpore graph); compiled callers rebuild the dict with `train_dict`
+            return outputs
+        return train_dict(outputs)
+
+    def _train_outputs(self, features, paths):
         pooled = self.pool(features)
         neck = self.bottleneck(pooled)
-        if not self.training:
-            return neck
         logits = [c(neck) for c in self.classifiers]
         if self.scale != 1.0:
             logits = [l * self.scale for l in logits]
-        return dict(features=pooled, neck_feat=neck, feat_norm=compat.normalize(neck, 2.0, 1), logits=logits,
-                    center_dist=self.center(neck) if self.center is not None else None)
+        return (pooled, neck, compat.normalize(neck, 2.0, 1), logits,
+                self.center(neck) if self.center is not None else None, paths)

@@ -102,8 +102,9 @@ class MetaBatchNorm(MetaModule):
         self.num_features, self.eps, self.momentum, self.bias_freeze = num_features, eps, momentum, bias_freeze
         self.weight = new_parameter(np.ones(num_features))
         self.bias = new_parameter(np.zeros(num_features), requires_grad=not bias_freeze)
-        self.register_buffer("running_mean", compat.as_tensor(np.zeros(num_features, np.float32)))
-        self.register_buffer("running_var", compat.as_tensor(np.ones(num_features, np.float32)))
+        # state buffers: compiled training steps update them in place (compat/jit.py)
+        self.register_buffer("running_mean", compat.state_buffer(np.zeros(num_features)))
+        self.register_buffer("running_var", compat.state_buffer(np.ones(num_features)))
         object.__setattr__(self, "_bn", {"mode": "general", "num_splits": 1})
 
     def forward(self, x):
@@ -168,7 +169,7 @@ class MetaCenters(MetaModule):
 
     def forward(self, x):
         c = self._get("centers")
-        return (x * x).sum(1, keepdim=True) + (c * c).sum(1).reshape(1, -1) - 2.0 * compat.torch.matmul(x, c.t())
+        return (x * x).sum(1).reshape(-1, 1) + (c * c).sum(1).reshape(1, -1) - 2.0 * compat.torch.matmul(x, c.t())
 
 
 class GeM(nn.Module):

@@ -9,11 +9,23 @@ from compat.errors import UserError
 from reid.modeling.layers import set_num_splits
 
 
+@compat.eager_only
+def _add_pixel_constants(pixel, key):
+    if key not in pixel:
+        pixel[key] = (compat.as_tensor(pixel["mean"]), compat.as_tensor(pixel["std"]))
+
+
+@compat.eager_only
+def _check_images(shape):
+    if len(shape) != 4 or shape[1] != 3:
+        raise UserError("the model expects images of shape (N, 3, H, W), got %s" % (tuple(shape),))
+
+
 class ReIDModel(nn.Module):
     """backbone + heads. forward(images (N, 3, H, W) float 0..255):
     train -> dict(features, neck_feat, feat_norm, logits, center_dist, paths); eval -> (N, D) features."""
 
-    def __init__(self, backbone, heads, pixel_mean, pixel_std, num_splits=1):
+    def __init__(self, backbone, heads, pixel_mean, pixel_std, num_splits=1, jit=False):
         super().__init__()
         mean, std = np.asarray(pixel_mean, np.float32), np.asarray(pixel_std, np.float32)
         if mean.shape != (3,) or std.shape != (3,) or np.any(std <= 0):
@@ -24,6 +36,11 @@ class ReIDModel(nn.Module):
         # plain-dict constants (not buffers: they are no state to save, and MSAdapter ignores non-persistence)
         object.__setattr__(self, "_pixel", {"mean": mean.reshape(1, 3, 1, 1), "std": std.reshape(1, 3, 1, 1)})
         self.num_splits = num_splits
+        self._constants()
+        # MODEL.JIT: evaluation and training steps run compiled (compat/jit.py); `compiled` caches those
+        # functions (one per step kind / input signature), built on first use
+        self.jit = bool(jit)
+        object.__setattr__(self, "compiled", {})
 
     @property
     def num_splits(self):
@@ -46,20 +63,14 @@ class ReIDModel(nn.Module):
 
     def _constants(self):
         key = compat.current_device()
-        if key not in self._pixel:
-            self._pixel[key] = (compat.as_tensor(self._pixel["mean"]), compat.as_tensor(self._pixel["std"]))
+        _add_pixel_constants(self._pixel, key)  # per device (torch places tensors); compiled code reads them
         return self._pixel[key]
 
     def preprocess(self, images):
-        if images.dim() != 4 or images.shape[1] != 3:
-            raise UserError("the model expects images of shape (N, 3, H, W), got %s" % (tuple(images.shape),))
+        _check_images(images.shape)
         mean, std = self._constants()
         return (images - mean) / std
 
     def forward(self, images):
         features, paths = self.backbone(self.preprocess(images))
-        out = self.heads(features)
-        if not self.training:
-            return out
-        out["paths"] = paths
-        return out
+        return self.heads(features, paths)  # compiled, train mode: a tuple (reid.modeling.heads.train_dict)
