@@ -46,7 +46,7 @@ def stack_variants(stacks, extra=None):
     """`on_both_backends` variants for the `--stacks` value: {label: (backend, kwargs, python)}, torch last;
     labels are the stack names, or 'mindspore' when `stacks` is empty. `extra`: {label suffix: kwargs} adds,
     per MindSpore stack, a variant with those kwargs (e.g. {'-jit': {'jit': True}})."""
-    from tests.crossenv import ROOT
+    from tests.crossenv import PYTHONS, ROOT
     names = [s for s in stacks.split(",") if s]
     base = [(n, ROOT / STACK_ENVS[n] / "bin" / "python") for n in names] or [("mindspore", None)]
     variants = {}
@@ -54,7 +54,8 @@ def stack_variants(stacks, extra=None):
         variants[label] = ("mindspore", {}, python)
         for suffix, kwargs in (extra or {}).items():
             variants[label + suffix] = ("mindspore", kwargs, python)
-    variants["torch"] = ("torch", {}, None)
+    # with stacks, every side names its interpreter: the calling one may have any backend (or none) active
+    variants["torch"] = ("torch", {}, PYTHONS["torch"] if names else None)
     return variants
 
 
