@@ -5,9 +5,10 @@ class counts) and at demo size (configs/synthetic/acl.yml: BASE_WIDTH 8, 64x32, 
 Prints seconds per image and the MindSpore/torch ratio. Forwards run without gradient recording on both
 sides (torch under no_grad), so like is timed against like.
 
-    python bench/model.py [--sizes demo,full] [--repeats 3]
+    python bench/model.py [--sizes demo,full] [--repeats 3] [--stacks msadapter,mindtorch]
 
 Run it from either environment; the other backend runs in its own virtual environment (tests/crossenv.py).
+`--stacks msadapter,mindtorch` times both MindSpore stacks (.venv, .venv-mindtorch) against torch in one run.
 """
 import os
 import sys
@@ -17,7 +18,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from bench.timing import layer_name, median_seconds, on_both_backends, size_args  # noqa: E402
+from bench.timing import layer_name, median_seconds, on_both_backends, size_args, stack_variants  # noqa: E402
 
 SIZES = {
     "demo": dict(width=8, height=64, batch=64, splits=1, classes=[100, 100, 100]),
@@ -81,23 +82,25 @@ def measure(width, height, batch, splits, classes, repeats, jit=False):
 
 def main():
     args = size_args(__doc__, SIZES)
-    rows = []
+    variants = stack_variants(args.stacks, {"-jit": {"jit": True}})
+    stacks = [label for label in variants if label != "torch" and not label.endswith("-jit")]
+    layers = {}
     for size in args.sizes.split(","):
         spec = dict(SIZES[size], repeats=args.repeats)
-        got = on_both_backends("bench.model:measure", spec,
-                               {"mindspore": ("mindspore", {}), "mindspore-jit": ("mindspore", {"jit": True}),
-                                "torch": ("torch", {})})
-        rows.append((size, spec, got))
-        ms, tr = got["mindspore-jit"]["eval forward"] / spec["batch"], got["torch"]["eval forward"] / spec["batch"]
-        print("%-5s w%-2d %dx%d b%-2d %-17s compiled MindSpore %8.4f s/img   torch %8.4f s/img   ratio %5.2fx"
-              % (size, spec["width"], spec["height"], spec["height"] // 2, spec["batch"], "eval forward", ms, tr,
-                 ms / tr), flush=True)
-        for name in ("forward", "forward+backward", "eval forward"):
-            ms, tr = got["mindspore"][name] / spec["batch"], got["torch"][name] / spec["batch"]
-            print("%-5s w%-2d %dx%d b%-2d %-17s MindSpore %8.4f s/img   torch %8.4f s/img   ratio %5.2fx"
-                  % (size, spec["width"], spec["height"], spec["height"] // 2, spec["batch"], name, ms, tr, ms / tr),
-                  flush=True)
-    print("MindSpore: %s; torch: %s" % (rows[0][2]["mindspore"]["layer"], rows[0][2]["torch"]["layer"]))
+        got = on_both_backends("bench.model:measure", spec, variants)
+        layers.update((label, got[label]["layer"]) for label in stacks + ["torch"])
+        shape = "%-5s w%-2d %dx%d b%-2d" % (size, spec["width"], spec["height"], spec["height"] // 2, spec["batch"])
+        tr = {name: got["torch"][name] / spec["batch"] for name in ("forward", "forward+backward", "eval forward")}
+        for stack in stacks:
+            side = "MindSpore" if stack == "mindspore" else stack
+            ms = got[stack + "-jit"]["eval forward"] / spec["batch"]
+            print("%s %-17s compiled %-9s %8.4f s/img   torch %8.4f s/img   ratio %5.2fx"
+                  % (shape, "eval forward", side, ms, tr["eval forward"], ms / tr["eval forward"]), flush=True)
+            for name in ("forward", "forward+backward", "eval forward"):
+                ms = got[stack][name] / spec["batch"]
+                print("%s %-17s %-9s %8.4f s/img   torch %8.4f s/img   ratio %5.2fx"
+                      % (shape, name, side, ms, tr[name], ms / tr[name]), flush=True)
+    print("; ".join("%s: %s" % ("MindSpore" if k == "mindspore" else k, v) for k, v in layers.items()))
 
 
 if __name__ == "__main__":

@@ -19,39 +19,76 @@ def median_seconds(named_calls, repeats):
     return result
 
 
+# The MindSpore stacks by their environment (README "Environments"): `--stacks` times each against torch in
+# one run. Without it the MindSpore side is the interpreter running the benchmark when it has MindSpore (so
+# the mindtorch stack from .venv-mindtorch), else .venv.
+STACK_ENVS = {"msadapter": ".venv", "mindtorch": ".venv-mindtorch"}
+
+
 def size_args(doc, sizes, default=None):
-    """The benchmarks' common command line: --sizes (comma-separated keys of `sizes`; all unless `default`)
-    and --repeats."""
+    """The benchmarks' common command line: --sizes (comma-separated keys of `sizes`; all unless `default`),
+    --repeats and --stacks."""
     import argparse
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--sizes", default=default or ",".join(sizes), help="comma-separated: %s" % ", ".join(sizes))
     parser.add_argument("--repeats", type=int, default=3)
-    return parser.parse_args()
+    parser.add_argument("--stacks", default="", help="comma-separated MindSpore stacks to time, each against "
+                        "torch in this one run: %s (default: the MindSpore side of tests/crossenv.py)"
+                        % ", ".join(STACK_ENVS))
+    args = parser.parse_args()
+    unknown = [s for s in args.stacks.split(",") if s and s not in STACK_ENVS]
+    if unknown:
+        parser.error("unknown stack %s; use %s" % (", ".join(unknown), ", ".join(STACK_ENVS)))
+    return args
+
+
+def stack_variants(stacks, extra=None):
+    """`on_both_backends` variants for the `--stacks` value: {label: (backend, kwargs, python)}, torch last;
+    labels are the stack names, or 'mindspore' when `stacks` is empty. `extra`: {label suffix: kwargs} adds,
+    per MindSpore stack, a variant with those kwargs (e.g. {'-jit': {'jit': True}})."""
+    from tests.crossenv import PYTHONS, ROOT
+    names = [s for s in stacks.split(",") if s]
+    base = [(n, ROOT / STACK_ENVS[n] / "bin" / "python") for n in names] or [("mindspore", None)]
+    variants = {}
+    for label, python in base:
+        variants[label] = ("mindspore", {}, python)
+        for suffix, kwargs in (extra or {}).items():
+            variants[label + suffix] = ("mindspore", kwargs, python)
+    # with stacks, every side names its interpreter: the calling one may have any backend (or none) active
+    variants["torch"] = ("torch", {}, PYTHONS["torch"] if names else None)
+    return variants
 
 
 def on_both_backends(target, kwargs, variants=None):
     """{backend: result} of the case `target` run under MindSpore, then under torch, each in a fresh process of
     its own environment (one after the other, so they never share the CPU, and each result's `peak_rss_mb` is
-    that process's own peak). `variants`: {label: (backend, extra kwargs)} instead of one run per backend."""
+    that process's own peak). `variants`: {label: (backend, extra kwargs[, python])} instead of one run per
+    backend; `python` (an interpreter path) picks that backend's environment (`stack_variants`)."""
     variants = variants or {"mindspore": ("mindspore", {}), "torch": ("torch", {})}
-    return {label: run_isolated(backend, target, dict(kwargs, **extra)) for label, (backend, extra) in variants.items()}
+    return {label: run_isolated(v[0], target, dict(kwargs, **v[1]), python=v[2] if len(v) > 2 else None)
+            for label, v in variants.items()}
 
 
-def run_isolated(backend, target, kwargs, timeout=3600):
-    """The result of `target(**kwargs)` in a new process of `backend`'s environment, with its peak RSS."""
+def run_isolated(backend, target, kwargs, timeout=3600, python=None):
+    """The result of `target(**kwargs)` in a new process of `backend`'s environment (or of the interpreter
+    `python`), with its peak RSS."""
     import os
     import pickle
     import subprocess
     import tempfile
     from pathlib import Path
     from tests.crossenv import PYTHONS, ROOT, require_backend
-    require_backend(backend)
+    if python is None:
+        require_backend(backend)
+        python = PYTHONS[backend]
+    elif not Path(python).exists():
+        raise SystemExit("%s is missing; run 'make setup'" % python)
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         src, dst = Path(tmp) / "in.pkl", Path(tmp) / "out.pkl"
         with open(src, "wb") as fh:
             pickle.dump([("bench.timing:with_peak_rss", {"target": target, "kwargs": kwargs})], fh, protocol=4)
         env = dict(os.environ, REID_BACKEND=backend, PYTHONPATH=str(ROOT))
-        proc = subprocess.run([str(PYTHONS[backend]), str(ROOT / "tests" / "_crossenv_child.py"), str(src), str(dst)],
+        proc = subprocess.run([str(python), str(ROOT / "tests" / "_crossenv_child.py"), str(src), str(dst)],
                               cwd=str(ROOT), env=env, capture_output=True, text=True, timeout=timeout)
         if proc.returncode != 0:
             raise RuntimeError("%s run of %s failed (rc %d):\n%s" % (backend, target, proc.returncode,

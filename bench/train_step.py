@@ -13,7 +13,9 @@ Before timing, each side runs a basic step and meta steps until every source dom
 domain once, so that no step signature builds its (MindSpore) backward graph inside the timed calls.
 Each side runs in a fresh process, so the peak resident memory printed is that backend's own.
 
-    python bench/train_step.py [--sizes demo,full-b8,full] [--repeats 3]
+    python bench/train_step.py [--sizes demo,full-b8,full] [--repeats 3] [--stacks msadapter,mindtorch]
+
+`--stacks msadapter,mindtorch` times both MindSpore stacks (.venv, .venv-mindtorch) against torch in one run.
 """
 import os
 import sys
@@ -22,7 +24,7 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from bench.timing import layer_name, median_seconds, on_both_backends, size_args  # noqa: E402
+from bench.timing import layer_name, median_seconds, on_both_backends, size_args, stack_variants  # noqa: E402
 
 SIZES = {
     "demo": ["MODEL.BACKBONE.BASE_WIDTH", "8", "INPUT.SIZE_TRAIN", "[64,32]", "SOLVER.IMS_PER_BATCH", "64",
@@ -69,6 +71,8 @@ def measure(overrides, root, repeats):
 
 def main():
     args = size_args(__doc__, SIZES, default="demo,full-b8")
+    variants = stack_variants(args.stacks)
+    stacks = [label for label in variants if label != "torch"]
     from reid.data.synthetic import ensure_synthetic
     with tempfile.TemporaryDirectory(prefix="bench-train-") as root:
         ensure_synthetic(os.path.join(root, "synthetic"), seed=0, num_ids=80, domains=["SynthA", "SynthB", "SynthC"],
@@ -76,19 +80,20 @@ def main():
         layers = {}
         for size in args.sizes.split(","):
             got = on_both_backends("bench.train_step:measure",
-                                   dict(overrides=SIZES[size], root=root, repeats=args.repeats))
-            for backend in got:
-                layers[backend] = got[backend]["layer"]
-            for step in ("basic", "meta"):
-                ms, tr = got["mindspore"][step], got["torch"][step]
-                print("%-7s %-5s step   MindSpore %7.2f s   torch %7.2f s   ratio %5.2fx"
-                      % (size, step, ms, tr, ms / tr), flush=True)
-            ms, tr = got["mindspore"]["peak_rss_mb"], got["torch"]["peak_rss_mb"]
-            print("%-7s peak RSS     MindSpore %7.0f MB  torch %7.0f MB  ratio %5.2fx   (warm-up: %.0f s / %.0f s, "
-                  "meta-test domains %s)" % (size, ms, tr, ms / tr, got["mindspore"]["warm_up_s"],
-                                             got["torch"]["warm_up_s"], got["mindspore"]["warmed_domains"]),
-                  flush=True)
-    print("MindSpore: %s; torch: %s" % (layers["mindspore"], layers["torch"]))
+                                   dict(overrides=SIZES[size], root=root, repeats=args.repeats), variants)
+            for label in got:
+                layers[label] = got[label]["layer"]
+            tr = got["torch"]
+            for stack in stacks:
+                ms, side = got[stack], "MindSpore" if stack == "mindspore" else stack
+                for step in ("basic", "meta"):
+                    print("%-7s %-5s step   %-9s %7.2f s   torch %7.2f s   ratio %5.2fx"
+                          % (size, step, side, ms[step], tr[step], ms[step] / tr[step]), flush=True)
+                print("%-7s peak RSS     %-9s %7.0f MB  torch %7.0f MB  ratio %5.2fx   (warm-up: %.0f s / %.0f s, "
+                      "meta-test domains %s)" % (size, side, ms["peak_rss_mb"], tr["peak_rss_mb"],
+                                                 ms["peak_rss_mb"] / tr["peak_rss_mb"], ms["warm_up_s"],
+                                                 tr["warm_up_s"], ms["warmed_domains"]), flush=True)
+    print("; ".join("%s: %s" % ("MindSpore" if k == "mindspore" else k, v) for k, v in layers.items()))
 
 
 if __name__ == "__main__":

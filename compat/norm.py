@@ -151,8 +151,9 @@ def _eager_kernel_inputs(channels, weight, bias, running_mean, running_var):
 
 def _unbiased_batch_var(saved_var, x4, count):
     """The unbiased batch variance, detached, from the training kernel's 5th output. What that output holds
-    differs between MindSpore builds and devices (the biased variance on 2.0 CPU; other builds may save the
-    unbiased variance or an inverse standard deviation), so `probe_kernel` asks the kernel once, before any
+    differs between MindSpore builds and devices (the biased variance on CPU in 2.0.0 and in 2.6.0.dev20250323,
+    the mindtorch stack; other builds may save the unbiased variance or an inverse standard deviation), so
+    `probe_kernel` asks the kernel once, before any
     graph is built, and the choice below is made when the graph is built. Where the output is neither
     variance, the variance is recomputed from the input by reductions."""
     kind = _saved_var_kind()  # a compile-time constant inside compiled code
