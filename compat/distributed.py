@@ -98,7 +98,6 @@ class Group:
         if self.world_size == 1:
             return loss, terms, grads
         keys = list(terms)
-        torch = _c.torch
         # (0-d tensors go in flattened and come out indexed: MSAdapter cannot reshape a 0-d tensor)
         scalars = [loss.flatten()] + [terms[k].flatten() for k in keys]
         out = self.average(scalars + list(grads))
