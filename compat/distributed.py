@@ -35,6 +35,9 @@ from compat.errors import UserError
 # seconds a collective may wait for the other ranks before it fails (torch's process-group timeout); the
 # launcher stops the whole run much sooner when a rank dies (reid/engine/distributed.py)
 DEFAULT_TIMEOUT_S = 1800
+# exit status of a rank whose engine could not form the cluster (MindSpore on a busy machine: a worker whose
+# registration or heartbeat is late is declared dead); the launcher starts the cluster again on it
+EXIT_CLUSTER_FORMATION = 75
 _state = {"group": None}
 
 
@@ -154,10 +157,7 @@ class Group:
     def shutdown(self):
         if self.world_size == 1:
             return
-        if _c.IS_MINDSPORE:
-            from mindspore.communication import release
-            release()
-        else:
+        if not _c.IS_MINDSPORE:  # MindSpore: process exit leaves the cluster (release() crashes 2.0 at exit)
             import torch.distributed as dist
             if dist.is_initialized():
                 dist.destroy_process_group()
@@ -195,10 +195,16 @@ def init(device="cpu", timeout_s=DEFAULT_TIMEOUT_S):
         if missing:
             raise UserError("MS_ROLE=MS_WORKER needs %s; start distributed runs with train.py --nproc N"
                             % ", ".join(missing))
+        _wait_for_local_ranks()
         # init() refuses PyNative; the check is init's alone (see the module docstring)
         mindspore.set_context(mode=mindspore.GRAPH_MODE)
         try:
             ms_init()
+        except RuntimeError as exc:
+            import sys
+            print("MindSpore could not form the cluster: %s" % str(exc).strip().splitlines()[0], file=sys.stderr,
+                  flush=True)
+            raise SystemExit(EXIT_CLUSTER_FORMATION) from None
         finally:
             mindspore.set_context(mode=mindspore.PYNATIVE_MODE)
         grp = Group(get_rank(), get_group_size())
@@ -212,6 +218,23 @@ def init(device="cpu", timeout_s=DEFAULT_TIMEOUT_S):
                         % (grp.world_size, world))
     _state["group"] = grp
     return grp
+
+
+def _wait_for_local_ranks(timeout_s=900):
+    """Tell the launcher this rank is ready to join (a file in REID_READY_DIR) and wait for its go (the file
+    `go` there), which it gives once every local rank is ready and MindSpore's scheduler, started only then,
+    listens. Measured on a busy 2-core machine: workers that register a minute after the scheduler started
+    (their imports are slow) usually fail to form the cluster; registering right after it succeeds."""
+    import time
+    folder = os.environ.get("REID_READY_DIR")
+    if not folder:
+        return
+    open(os.path.join(folder, "rank%d" % local_rank()), "w").close()
+    deadline = time.monotonic() + timeout_s
+    while not os.path.exists(os.path.join(folder, "go")):
+        if time.monotonic() > deadline:
+            raise UserError("the launcher gave no go within %d s" % timeout_s)
+        time.sleep(0.1)
 
 
 def run_scheduler(stop_file=None):

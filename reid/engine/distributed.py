@@ -2,10 +2,11 @@
 
 - torch: `python -m torch.distributed.run` (torchrun) starts the N ranks; `compat.distributed` joins them with
   gloo (CPU) from torchrun's variables. torchrun stops the other ranks when one fails.
-- MindSpore: this module starts one scheduler process (MS_ROLE=MS_SCHED, on node 0) and then N workers
-  (MS_ROLE=MS_WORKER) with MS_WORKER_NUM, MS_SCHED_HOST, MS_SCHED_PORT, which is what MindSpore's own `msrun`
-  (MindSpore >= 2.3) does; the workers wait until the scheduler listens (workers that connect while it is still
-  starting can fail to register on a busy machine). It watches them and, when one fails, stops the others
+- MindSpore: this module starts N workers (MS_ROLE=MS_WORKER) and one scheduler process (MS_ROLE=MS_SCHED, on
+  node 0) with MS_WORKER_NUM, MS_SCHED_HOST, MS_SCHED_PORT, which is what MindSpore's own `msrun` (MindSpore
+  >= 2.3) does. The workers import everything first and wait; the scheduler starts when all are ready, and
+  they join once it listens (workers that join long after the scheduler started often failed to form the
+  cluster on a busy machine). It watches them and, when one fails, stops the others
   (SIGTERM, then SIGKILL after STOP_GRACE_S) and the scheduler: a run with a dead rank ends within seconds
   instead of waiting in a collective.
 
@@ -33,6 +34,8 @@ DEFAULT_PORT = 29500
 STOP_GRACE_S = 10          # SIGTERM -> SIGKILL for ranks that do not stop
 SCHEDULER_START_S = 300    # longest wait for MindSpore's scheduler to listen (it imports MindSpore first)
 POLL_S = 0.5
+CLUSTER_ATTEMPTS = 3       # MindSpore: tries to form the cluster (a busy machine can make one fail)
+EXIT_CLUSTER_FORMATION = 75  # = compat.distributed.EXIT_CLUSTER_FORMATION (not imported: no framework here)
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -88,7 +91,6 @@ def rank_env(nproc, addr):
     env = dict(os.environ, REID_LAUNCHED="1")
     threads = str(_threads_per_rank(nproc))
     env.setdefault("REID_NUM_THREADS", threads)  # MindSpore's kernel pool (compat.jit.set_threads)
-    env.setdefault("OMP_NUM_THREADS", threads)   # torch's intra-op pool
     if addr.startswith("127.") or addr == "localhost":
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     return env
@@ -117,6 +119,7 @@ def launch(script, argv, backend, nproc, nnodes=1, node_rank=0, master_addr=DEFA
     command = [sys.executable, os.path.abspath(script)] + list(argv) + ["--max-restarts", "0"]
     env = rank_env(nproc, master_addr)
     if backend == "torch":
+        env.setdefault("OMP_NUM_THREADS", env["REID_NUM_THREADS"])   # torch's intra-op pool
         rc = _launch_torch(command, env, nproc, nnodes, node_rank, master_addr, master_port)
     else:
         rc = _launch_mindspore(command, env, nproc, nnodes, node_rank, master_addr, master_port, log)
@@ -161,31 +164,60 @@ def _stop(procs, grace=STOP_GRACE_S):
 
 
 def _launch_mindspore(command, env, nproc, nnodes, node_rank, addr, port, log):
-    env = dict(env, MS_WORKER_NUM=str(nproc * nnodes), MS_SCHED_HOST=addr, MS_SCHED_PORT=str(port))
+    """Scheduler + workers; when the cluster cannot be formed (a rank exits with EXIT_CLUSTER_FORMATION before
+    training) everything is stopped and started again, at most CLUSTER_ATTEMPTS times on one machine."""
+    attempts = CLUSTER_ATTEMPTS if nnodes == 1 else 1
+    for attempt in range(1, attempts + 1):
+        rc = _launch_mindspore_once(command, env, nproc, nnodes, node_rank, addr, port, log)
+        if rc != EXIT_CLUSTER_FORMATION or attempt == attempts:
+            return rc
+        log("MindSpore could not form the cluster (attempt %d of %d); starting it again" % (attempt, attempts))
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # the old scheduler's port must be free again
+            try:
+                check_port_free(addr, port)
+                break
+            except UserError:
+                time.sleep(1)
+    return rc
+
+
+def _start_scheduler(env, addr, port, workers, log):
+    """MindSpore's scheduler, once it listens on addr:port (None, after a message, when it cannot)."""
+    # it stays alive until its stdin closes (compat.distributed.run_scheduler): after the workers are done.
+    # REID_MS_SCHEDULER_LOG=path keeps its output (else only its last line appears, on a failure)
+    log_path = os.environ.get("REID_MS_SCHEDULER_LOG")
+    output = open(log_path, "w+b") if log_path else tempfile.TemporaryFile()
+    scheduler = subprocess.Popen([sys.executable, "-c", "import compat.distributed as d; d.run_scheduler()"],
+                                 env=dict(env, MS_ROLE="MS_SCHED"), stdin=subprocess.PIPE, stdout=output,
+                                 stderr=subprocess.STDOUT, cwd=REPO)
+    deadline = time.monotonic() + SCHEDULER_START_S
+    while not _listening(addr, port):
+        if scheduler.poll() is not None:
+            log("MindSpore's scheduler %s before listening on %s:%d: %s" % (
+                _describe(scheduler.returncode), addr, port, _last_line(output)))
+            return scheduler, False
+        if time.monotonic() > deadline or any(w.poll() is not None for w in workers):
+            log("MindSpore's scheduler did not listen on %s:%d within %d s" % (addr, port, SCHEDULER_START_S))
+            return scheduler, False
+        time.sleep(POLL_S)
+    return scheduler, True
+
+
+def _launch_mindspore_once(command, env, nproc, nnodes, node_rank, addr, port, log):
+    """Workers first; once all of them are ready to join (compat.distributed._wait_for_local_ranks), the
+    scheduler (node 0), then the go: they register right after the scheduler started."""
+    ready = tempfile.TemporaryDirectory(prefix="reid_ready_")
+    env = dict(env, MS_WORKER_NUM=str(nproc * nnodes), MS_SCHED_HOST=addr, MS_SCHED_PORT=str(port),
+               REID_READY_DIR=ready.name)
     env.setdefault("GLOG_v", "3")  # MindSpore's cluster-building warnings (retries while the ranks start): errors only
     scheduler = None
     workers = []
     stopping = []
     previous = {s: signal.signal(s, lambda signum, frame: stopping.append(signum))
                 for s in (signal.SIGTERM, signal.SIGHUP)}
+    go = False
     try:
-        if node_rank == 0:
-            # stays alive until its stdin closes (compat.distributed.run_scheduler): after the workers are done
-            scheduler_log = tempfile.TemporaryFile()
-            scheduler = subprocess.Popen(
-                [sys.executable, "-c", "import compat.distributed as d; d.run_scheduler()"],
-                env=dict(env, MS_ROLE="MS_SCHED"), stdin=subprocess.PIPE, stdout=scheduler_log,
-                stderr=subprocess.STDOUT, cwd=REPO)
-            deadline = time.monotonic() + SCHEDULER_START_S
-            while not _listening(addr, port):
-                if scheduler.poll() is not None:
-                    log("MindSpore's scheduler %s before listening on %s:%d: %s" % (
-                        _describe(scheduler.returncode), addr, port, _last_line(scheduler_log)))
-                    return 1
-                if time.monotonic() > deadline:
-                    log("MindSpore's scheduler did not listen on %s:%d within %d s" % (addr, port, SCHEDULER_START_S))
-                    return 1
-                time.sleep(POLL_S)
         for local in range(nproc):
             workers.append(subprocess.Popen(command, env=dict(env, MS_ROLE="MS_WORKER", REID_LOCAL_RANK=str(local))))
         while True:
@@ -196,11 +228,21 @@ def _launch_mindspore(command, env, nproc, nnodes, node_rank, addr, port, log):
             failed = [(i, rc) for i, rc in enumerate(codes) if rc not in (None, 0)]
             if failed:
                 local, rc = failed[0]
-                log("local rank %d %s; stopping the other ranks" % (local, _describe(rc)))
                 _stop(workers)
+                if rc == EXIT_CLUSTER_FORMATION:
+                    return rc
+                log("local rank %d %s; stopping the other ranks" % (local, _describe(rc)))
                 return rc if rc > 0 else 128 - rc
             if all(rc == 0 for rc in codes):
                 return 0
+            if not go and sum(name.startswith("rank") for name in os.listdir(ready.name)) == nproc:
+                if node_rank == 0:
+                    scheduler, listening = _start_scheduler(env, addr, port, workers, log)
+                    if not listening:
+                        _stop(workers)
+                        return 1
+                open(os.path.join(ready.name, "go"), "w").close()
+                go = True
             if scheduler is not None and scheduler.poll() is not None:
                 log("MindSpore's scheduler %s; stopping the ranks" % _describe(scheduler.returncode))
                 _stop(workers)
@@ -218,3 +260,4 @@ def _launch_mindspore(command, env, nproc, nnodes, node_rank, addr, port, log):
             except OSError:
                 pass
             _stop([scheduler], grace=30)
+        ready.cleanup()
