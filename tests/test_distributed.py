@@ -59,15 +59,17 @@ def _steps(out, rank=0):
     return np.load(os.path.join(out, "steps_rank%d.npz" % rank))
 
 
-def test_port_in_use_and_bad_splits_are_one_line_errors(tmp_path):
+def test_port_in_use_and_bad_splits_are_one_line_errors_and_ranks_get_no_launch_flags(tmp_path):
     from compat.errors import UserError
-    from reid.engine.distributed import launch, local_splits
+    from reid.engine.distributed import launch, local_splits, rank_argv
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen(1)
         port = busy.getsockname()[1]
         with pytest.raises(UserError, match="cannot use 127.0.0.1:%d .*pass another --master-port" % port):
             launch(CHILD, [str(tmp_path)], _backend(), 2, master_port=port)
+    assert rank_argv(["--config-file", "a.yml", "--nproc", "2", "--master-port=1234", "--nnodes", "1", "SEED", "3"]) \
+        == ["--config-file", "a.yml", "SEED", "3"]
     assert [local_splits(s, w) for s, w in [(1, 1), (4, 1), (1, 2), (2, 2), (4, 2), (4, 4)]] == [1, 4, 1, 1, 2, 1]
     with pytest.raises(UserError, match="MODEL.NUM_SPLITS 3 .* not a multiple of the 2 processes"):
         local_splits(3, 2)

@@ -57,6 +57,23 @@ def launched_rank():
     return bool(os.environ.get("REID_LAUNCHED") or os.environ.get("MS_ROLE") or os.environ.get("TORCHELASTIC_RUN_ID"))
 
 
+LAUNCH_FLAGS = ("--nproc", "--nnodes", "--node-rank", "--master-addr", "--master-port")
+
+
+def rank_argv(argv):
+    """`argv` without the launch flags (a rank needs none of them, and torchrun would take `--nproc` for an
+    abbreviation of its own `--nproc-per-node`)."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in LAUNCH_FLAGS:
+            skip = True
+        elif not arg.startswith(tuple(f + "=" for f in LAUNCH_FLAGS)):
+            out.append(arg)
+    return out
+
+
 def check_port_free(addr, port):
     """Fail with a one-line error when addr:port cannot be bound (another run, or another program, has it)."""
     if not 0 < int(port) < 65536:
@@ -116,7 +133,7 @@ def launch(script, argv, backend, nproc, nnodes=1, node_rank=0, master_addr=DEFA
                         % (nproc, nnodes, node_rank))
     if node_rank == 0:
         check_port_free(master_addr, master_port)
-    command = [sys.executable, os.path.abspath(script)] + list(argv) + ["--max-restarts", "0"]
+    command = [sys.executable, os.path.abspath(script)] + rank_argv(argv) + ["--max-restarts", "0"]
     env = rank_env(nproc, master_addr)
     if backend == "torch":
         env.setdefault("OMP_NUM_THREADS", env["REID_NUM_THREADS"])   # torch's intra-op pool
