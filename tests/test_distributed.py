@@ -4,8 +4,9 @@ run, a killed rank, and the launcher's errors. Each rank is a process running te
 tiny test model of test_training.py, no hooks) started by reid.engine.distributed.launch, the code behind
 train.py --nproc: torchrun on torch, scheduler + workers on MindSpore.
 
-Cost on a loaded 2-core CPU (each run starts 2 or 3 processes that import the framework): torch ~20-40 s per
-test, MindSpore ~1-3 min per test (the scheduler and workers take 10-30 s to form the cluster)."""
+Cost on a loaded 2-core CPU (each run starts 2 or 3 processes that import the framework): torch ~2.5 min for
+the file; MindSpore ~4 min for the step comparison (the single process ~100 s, the 2-rank run ~100 s) and ~5 min
+for the kill + resume scenario (skipped unless REID_DIST_FULL=1, `make test-dist`)."""
 import os
 import socket
 import subprocess
