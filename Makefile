@@ -12,7 +12,7 @@ MT_PY    := .venv-mindtorch/bin/python
 PYTEST_ARGS ?=
 DEMO_CONFIG ?= configs/synthetic/acl.yml
 
-.PHONY: test-mindtorch setup setup-ms setup-torch setup-mindtorch demo test bench clean-venvs
+.PHONY: test-mindtorch test-dist setup setup-ms setup-torch setup-mindtorch demo test bench clean-venvs
 
 setup: setup-ms setup-torch setup-mindtorch
 setup-ms: .venv/.reqs-stamp
@@ -65,9 +65,16 @@ bench: setup
 	REID_BACKEND=mindspore $(MS_PY) bench/eval.py
 	REID_BACKEND=mindspore $(MS_PY) bench/optim_step.py
 	REID_BACKEND=mindspore $(MS_PY) bench/infer.py
+	REID_BACKEND=mindspore $(MS_PY) bench/dist.py
 
 clean-venvs:
 	rm -rf .venv .venv-torch .venv-mindtorch
+
+# The data-parallel tests including the MindSpore kill + resume scenario (three 2-rank MindSpore runs, ~5
+# minutes on 2 cores), which `make test` skips to stay within its 20 minutes.
+test-dist: setup
+	REID_DIST_FULL=1 REID_BACKEND=mindspore $(MS_PY) -m pytest tests/test_distributed.py -q -rs $(PYTEST_ARGS)
+	REID_DIST_FULL=1 REID_BACKEND=torch $(TORCH_PY) -m pytest tests/test_distributed.py -q -rs $(PYTEST_ARGS)
 
 # The mindtorch part of `make test` alone.
 test-mindtorch: setup

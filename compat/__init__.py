@@ -23,7 +23,7 @@ _EXPORTS = {
     "custom_op": "custom_op", "normalize": "functional", "vector_norm": "functional", "max_values": "functional",
     "min_values": "functional", "where": "functional", "eager_only": "jit", "state_buffer": "jit",
 }
-_SUBMODULES = ("optim", "schedules", "checkpoint", "data", "jit")
+_SUBMODULES = ("optim", "schedules", "checkpoint", "data", "jit", "distributed")
 _BACKEND_NAMES = ("BACKEND", "IS_MINDSPORE", "LAYER", "IS_MINDTORCH", "torch", "nn", "F")
 _state = {"loading": False}
 

@@ -60,17 +60,22 @@ class TestImages:
 
 class PositionedBatches:
     """Wraps an infinite index-list sampler and turns each index into a key that also carries the sample's
-    position in the stream (see TrainImages), counting from batch `start_batch`."""
+    position in the stream (see TrainImages), counting from batch `start_batch`. `shard` (rank, world size):
+    only that rank's contiguous chunk of every batch (data-parallel runs), with the keys, and so the images
+    and their augmentation, the whole batch has there."""
 
-    def __init__(self, sampler, dataset, start_batch=0):
+    def __init__(self, sampler, dataset, start_batch=0, shard=(0, 1)):
         self.sampler, self.dataset = sampler, dataset
         self.start_batch = int(start_batch)  # the sampler was built to skip this many batches too
+        self.rank, self.world = int(shard[0]), int(shard[1])
 
     def __iter__(self):
         batch_no = self.start_batch
         for indices in self.sampler:
             first = batch_no * len(indices)
-            yield [self.dataset.key(i, first + k) for k, i in enumerate(indices)]
+            keys = [self.dataset.key(i, first + k) for k, i in enumerate(indices)]
+            size = len(keys) // self.world
+            yield keys[self.rank * size:(self.rank + 1) * size]
             batch_no += 1
 
 
@@ -79,12 +84,12 @@ class TrainStream:
     checkpoint can record `consumed` and a resumed run rebuilds the stream from exactly there."""
 
     def __init__(self, records, transform, pids, batch_size, num_instances, seed, stream_id, num_workers,
-                 indices=None, consumed=0):
+                 indices=None, consumed=0, shard=(0, 1)):
         self.consumed = int(consumed)
         dataset = TrainImages(records, transform, seed, stream_id)
         sampler = NaiveIdentitySampler(pids, batch_size, num_instances, seed=[int(seed), int(stream_id)],
                                        indices=indices, start_batch=self.consumed)
-        batches = PositionedBatches(sampler, dataset, start_batch=self.consumed)
+        batches = PositionedBatches(sampler, dataset, start_batch=self.consumed, shard=shard)
         self._loader = compat.data.make_loader(dataset, batches, num_workers)
         self._iter = None
 
@@ -100,9 +105,14 @@ class TrainStream:
 
 
 class TrainData:
-    """The training set and its streams: `combined` (P x K over all sources) and `domains[d]` (per source)."""
+    """The training set and its streams: `combined` (P x K over all sources) and `domains[d]` (per source).
 
-    def __init__(self, cfg, consumed=None):
+    `shard` (rank, world size) of a data-parallel run: `combined` hands out that rank's contiguous chunk of
+    every batch (DataParallel's scatter). The per-domain streams hand out whole batches on every rank: a meta
+    step chunks the concatenated meta-train batch, and which domain batches a chunk covers depends on the
+    meta-test domain drawn in that step (the trainer chunks them, reid/engine/trainer.py)."""
+
+    def __init__(self, cfg, consumed=None, shard=(0, 1)):
         self.train_set = build_train_set(cfg)
         self.num_classes = list(self.train_set.num_classes)
         self.offsets = list(self.train_set.offsets)
@@ -113,8 +123,13 @@ class TrainData:
         consumed = consumed or {}
         workers = int(cfg.DATALOADER.NUM_WORKERS)
         seed = int(cfg.SEED)
+        world = int(shard[1])
+        if world > 1 and (cfg.SOLVER.IMS_PER_BATCH % world or (cfg.META.ENABLED and cfg.META.IMS_PER_DOMAIN % world)):
+            raise UserError("SOLVER.IMS_PER_BATCH (%d) and META.IMS_PER_DOMAIN (%d) must be multiples of the %d "
+                            "processes (the batch sizes are those of the whole run, split over the processes)"
+                            % (cfg.SOLVER.IMS_PER_BATCH, cfg.META.IMS_PER_DOMAIN, world))
         self.combined = TrainStream(records, transform, pids, cfg.SOLVER.IMS_PER_BATCH, cfg.DATALOADER.NUM_INSTANCE, seed,
-                                    0, workers, consumed=consumed.get("combined", 0))
+                                    0, workers, consumed=consumed.get("combined", 0), shard=shard)
         self.domains = []
         if cfg.META.ENABLED:
             by_domain = domain_indices(domains)

@@ -77,7 +77,8 @@ class MetricsLogger(HookBase):
         for iteration, scalars in sorted(t.storage.since(self.written).items()):
             if iteration > upto:
                 continue
-            record = {"iteration": iteration, "epoch": max(iteration, 0) // t.iters_per_epoch}
+            record = {"iteration": iteration, "epoch": max(iteration, 0) // t.iters_per_epoch,
+                      "world_size": getattr(getattr(t, "dist", None), "world_size", 1)}  # data-parallel ranks
             record.update(scalars)
             self.writer.write(record)
         self.written = upto

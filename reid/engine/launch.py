@@ -24,6 +24,15 @@ def build_parser(description, training):
                        help="train in a child process and, when it is killed by a crash signal (SIGSEGV, "
                             "SIGKILL, ...), resume it from the last checkpoint, at most N times; 0: train in this "
                             "process, no restarts (default %(default)s)")
+        dist = p.add_argument_group("data-parallel training (README: several processes)")
+        dist.add_argument("--nproc", type=int, default=1, metavar="N",
+                          help="training processes on this machine, one rank each, on the backend's own launcher "
+                               "(torchrun / MindSpore's scheduler + workers); batch sizes are the whole run's")
+        dist.add_argument("--nnodes", type=int, default=1, metavar="M", help="machines in the run (default 1)")
+        dist.add_argument("--node-rank", type=int, default=0, metavar="R", help="this machine's index, 0..M-1")
+        dist.add_argument("--master-addr", default="127.0.0.1", metavar="HOST",
+                          help="address of node 0 (torch's rendezvous / MindSpore's scheduler; default 127.0.0.1)")
+        dist.add_argument("--master-port", type=int, default=29500, metavar="PORT", help="its port (default 29500)")
     else:
         p.add_argument("--vis-rank", type=int, default=0, metavar="N",
                        help="write PNG rank lists (top-10) for N queries per test dataset")
@@ -157,16 +166,32 @@ def supervise_training(script, argv, cfg, args):
     return supervise(command, cfg.OUTPUT_DIR, args.max_restarts, resume=args.resume)
 
 
+def launch_distributed(script, argv, cfg, args):
+    """train.py --nproc N (--nnodes ...): start the ranks on the backend's launcher; returns the exit status."""
+    import compat.backend
+    from reid.engine.distributed import launch
+    argv = list(sys.argv[1:] if argv is None else argv)
+    return launch(script, argv, compat.backend.requested_backend(), args.nproc, args.nnodes, args.node_rank,
+                  args.master_addr, args.master_port, output_dir=cfg.OUTPUT_DIR)
+
+
 def train(cfg, resume=False, progress=True):
     """Train as configured, evaluating on the targets; returns the trainer. The evaluations (untrained,
-    last, best) are the rows of its Evaluator hook, also in OUTPUT_DIR/results.json."""
+    last, best) are the rows of its Evaluator hook, also in OUTPUT_DIR/results.json. In a data-parallel
+    run (train.py --nproc) every rank trains and rank 0 alone logs, evaluates and writes checkpoints."""
     import compat
     from reid.engine.hooks import Evaluator, default_hooks
     from reid.engine.trainer import Trainer
     from reid.evaluation import format_rows_table
 
     check_reference(cfg)
-    trainer = Trainer(cfg, resume=resume)
+    compat.set_device(cfg.MODEL.DEVICE)
+    group = compat.distributed.init(cfg.MODEL.DEVICE)
+    trainer = Trainer(cfg, resume=resume, quiet=not group.is_main)
+    if not group.is_main:
+        trainer.train()
+        group.shutdown()
+        return trainer
     cfg = trainer.cfg  # now carries the class counts of the training data
     write_config(cfg)
     print("backend %(backend)s (%(torch_api)s %(torch_api_version)s on %(framework)s %(framework_version)s), "
@@ -174,6 +199,9 @@ def train(cfg, resume=False, progress=True):
     print(trainer.data.train_set.summary())
     print("%d iterations (%d epochs x %d), output in %s" % (trainer.max_iter, cfg.SOLVER.MAX_EPOCH,
                                                              trainer.iters_per_epoch, cfg.OUTPUT_DIR))
+    if group.world_size > 1:
+        print("data parallel: %d processes, %d images per process per basic step" % (
+            group.world_size, cfg.SOLVER.IMS_PER_BATCH // group.world_size))
     evaluate_fn = build_evaluate_fn(cfg) if len(cfg.DATASETS.TESTS) else None
     hooks = default_hooks(trainer, evaluate_fn, progress=progress)
     evaluator = next((h for h in hooks if isinstance(h, Evaluator)), None)
@@ -189,6 +217,7 @@ def train(cfg, resume=False, progress=True):
         if reference:
             add_to_results_json(os.path.join(cfg.OUTPUT_DIR, "results.json"),
                                 {"references": {cfg.TEST.REFERENCE: reference}})
+    group.shutdown()
     return trainer
 
 

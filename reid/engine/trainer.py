@@ -15,9 +15,11 @@ Iteration i runs ``INITIAL_BASIC_STEPS`` basic steps when i == 0, else one; then
 
 Unused parameters: with MODEL.NUM_SPLITS > 1 (the original's 4-GPU DataParallel) every parameter receives a
 gradient each step (DataParallel's broadcast backward materialises zeros for parameters a replica did not
-use), so weight decay and momentum act on all of them. With NUM_SPLITS = 1 (a single device) a parameter
-the loss does not reach gets torch's ``grad is None`` and the optimizer leaves it untouched: the classifiers
-of source domains absent from a basic batch, and all classifiers in meta steps.
+use), so weight decay and momentum act on all of them; so do data-parallel runs (world size > 1), whose
+ranks are DataParallel's devices (compat.distributed averages loss, terms and gradients over them). With
+NUM_SPLITS = 1 (a single device) a parameter the loss does not reach gets torch's ``grad is None`` and the
+optimizer leaves it untouched: the classifiers of source domains absent from a basic batch, and all
+classifiers in meta steps.
 """
 import math
 import time
@@ -30,10 +32,12 @@ from compat.optim import SGD
 from compat.schedules import LRSchedule
 from reid.config import check_supported_values
 from reid.engine.checkpointer import Checkpointer, model_state_from_file
+from reid.engine.distributed import local_splits
 from reid.engine.objectives import objective
 from reid.engine.train_loop import TrainLoop
 from reid.modeling import bn_mode, build_model, fast_weights
 from reid.modeling.layers import MetaBatchNorm, MetaInstanceNorm
+from reid.modeling.utils import named_state
 
 
 class TrainingDiverged(UserError):
@@ -90,10 +94,12 @@ class Trainer(TrainLoop):
         compat.set_device(cfg.MODEL.DEVICE)
         compat.manual_seed(cfg.SEED)
         np.random.seed(cfg.SEED)
+        self.dist = compat.distributed.group()  # data-parallel ranks (world size 1 without a launcher)
 
         if data is None:
             from reid.data.build import TrainData
-            data = TrainData(cfg, consumed=state.get("data") if state else None)
+            data = TrainData(cfg, consumed=state.get("data") if state else None,
+                             shard=(self.dist.rank, self.dist.world_size))
         self.data = data
         cfg = cfg.clone()
         cfg.defrost()
@@ -109,6 +115,10 @@ class Trainer(TrainLoop):
         if cfg.MODEL.WEIGHTS and state is None:
             compat.checkpoint.load_state_dict(self.model, model_state_from_file(cfg.MODEL.WEIGHTS))
         self.model.train()
+        # data parallel: every rank starts from rank 0's weights and running statistics, and emulates its
+        # share of the MODEL.NUM_SPLITS devices (docs/method.md#dataparallel)
+        self.dist.broadcast_(list(named_state(self.model).values()))
+        self.model.num_splits = local_splits(int(cfg.MODEL.NUM_SPLITS), self.dist.world_size)
 
         norm_names = {"%s.%s" % (mod_name, p_name) if mod_name else p_name
                       for mod_name, mod in self.model.named_modules()
@@ -128,7 +138,7 @@ class Trainer(TrainLoop):
         self.max_iter = int(cfg.SOLVER.MAX_EPOCH) * self.iters_per_epoch
         self.schedule = LRSchedule.from_config(cfg.SOLVER, cfg.SOLVER.BASE_LR, self.iters_per_epoch)
         self.meta_rng = np.random.RandomState(int(cfg.SEED) + 1)
-        self.num_splits = int(cfg.MODEL.NUM_SPLITS)
+        self.num_splits = self.model.num_splits
         self.offsets = list(data.offsets)
         self.start_iter = 0
         self.iter = 0
@@ -148,7 +158,7 @@ class Trainer(TrainLoop):
 
     def _drop_unused(self, grads, absent_domains):
         """torch's None gradient for classifiers the loss did not reach (single-device semantics only)."""
-        if self.num_splits > 1:
+        if self.num_splits > 1 or self.dist.world_size > 1:
             return list(grads)
         grads = list(grads)
         for d in absent_domains:
@@ -205,6 +215,7 @@ class Trainer(TrainLoop):
     def basic_step(self):
         batch = next(self.data.combined)
         loss, terms, grads = self._step_loss("basic", batch)
+        loss, terms, grads = self.dist.average_step(loss, terms, grads)  # data parallel: mean over ranks
         self._check(loss, "basic")
         present = set(np.unique(compat.to_numpy(batch["domains"])).tolist())
         absent = [d for d in range(len(self.offsets)) if d not in present]
@@ -225,11 +236,14 @@ class Trainer(TrainLoop):
         parts = [next(self.data.domains[d]) for d in train_domains]
         mtr = {k: compat.torch.cat([p[k] for p in parts], 0) for k in ("images", "targets", "domains")}
         mte = next(self.data.domains[test_domain])
+        mtr, mte = self.dist.chunk(mtr), self.dist.chunk(mte)  # data parallel: this rank's chunks
 
         loss_mtr, terms_mtr, g_mtr = self._step_loss("mtrain", mtr)
+        loss_mtr, terms_mtr, g_mtr = self.dist.average_step(loss_mtr, terms_mtr, g_mtr)
         self._check(loss_mtr, "meta-train")
         steps = self.fast_weight_steps(g_mtr)
         loss_mte, terms_mte, g_mte = self._step_loss("mtest", mte, fast=steps)
+        loss_mte, terms_mte, g_mte = self.dist.average_step(loss_mte, terms_mte, g_mte)
         self._check(loss_mte, "meta-test")
         grads = [a + b for a, b in zip(g_mtr, g_mte)]
         self.optimizer_meta.step(self._clip(self._drop_unused(grads, range(num_domains))))
