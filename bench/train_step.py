@@ -1,6 +1,7 @@
-"""Seconds per ACL training step, MindSpore vs torch, measured in one run (one backend after the other, so they
-never share the CPU): a basic step (forward + backward + SGD on the combined batch) and a meta step (meta-train
-forward/backward, fast weights, meta-test forward/backward at θ', meta SGD), through the real Trainer.
+"""Seconds per ACL training step, MindSpore op by op, MindSpore compiled (MODEL.JIT) and torch, measured in one
+run (one after the other, so they never share the CPU): a basic step (forward + backward + SGD on the combined
+batch) and a meta step (meta-train forward/backward, fast weights, meta-test forward/backward at θ', meta SGD),
+through the real Trainer.
 
 Sizes: demo (configs/synthetic/acl.yml: BASE_WIDTH 8, 64x32, batch 64, meta batches 2x32 + 32, NUM_SPLITS 1),
 full (BASE_WIDTH 64, 256x128, batch 16, meta batches 2x8 + 8, NUM_SPLITS 1) and full-b8 (the same at half
@@ -10,8 +11,9 @@ our 24 GiB machines). Data: a small synthetic set
 (augmentation off, loader in the main process; reading and resizing the images is part of each step, about
 1% of it). Class counts come from that data, so the full-size head is smaller than Protocol-2's.
 Before timing, each side runs a basic step and meta steps until every source domain has been the meta-test
-domain once, so that no step signature builds its (MindSpore) backward graph inside the timed calls.
-Each side runs in a fresh process, so the peak resident memory printed is that backend's own.
+domain once, so that no step signature builds its (MindSpore) backward graph or compiled graph inside the
+timed calls (the warm-up time printed includes the compiled graphs' build). Each side runs in a fresh process,
+so the peak resident memory printed is that variant's own.
 
     python bench/train_step.py [--sizes demo,full-b8,full] [--repeats 3] [--stacks msadapter,mindtorch]
 
@@ -53,12 +55,13 @@ def warm_up(trainer, max_meta_steps=30):
     return sorted(seen)
 
 
-def measure(overrides, root, repeats):
+def measure(overrides, root, repeats, jit=False):
     import time
     from reid.config import load_cfg
     from reid.engine.trainer import Trainer
     cfg = load_cfg(os.path.join(ROOT, "configs", "synthetic", "acl.yml"),
-                   COMMON + overrides + ["DATASETS.ROOT", root, "OUTPUT_DIR", os.path.join(root, "out")])
+                   COMMON + overrides + ["DATASETS.ROOT", root, "OUTPUT_DIR", os.path.join(root, "out"),
+                                         "MODEL.JIT", str(bool(jit))])
     trainer = Trainer(cfg, quiet=True)
     trainer.iter = 1
     start = time.perf_counter()
@@ -71,8 +74,8 @@ def measure(overrides, root, repeats):
 
 def main():
     args = size_args(__doc__, SIZES, default="demo,full-b8")
-    variants = stack_variants(args.stacks)
-    stacks = [label for label in variants if label != "torch"]
+    # per MindSpore stack: op by op and compiled (MODEL.JIT)
+    variants = stack_variants(args.stacks, {"-compiled": {"jit": True}})
     from reid.data.synthetic import ensure_synthetic
     with tempfile.TemporaryDirectory(prefix="bench-train-") as root:
         ensure_synthetic(os.path.join(root, "synthetic"), seed=0, num_ids=80, domains=["SynthA", "SynthB", "SynthC"],
@@ -84,16 +87,18 @@ def main():
             for label in got:
                 layers[label] = got[label]["layer"]
             tr = got["torch"]
-            for stack in stacks:
-                ms, side = got[stack], "MindSpore" if stack == "mindspore" else stack
-                for step in ("basic", "meta"):
-                    print("%-7s %-5s step   %-9s %7.2f s   torch %7.2f s   ratio %5.2fx"
-                          % (size, step, side, ms[step], tr[step], ms[step] / tr[step]), flush=True)
-                print("%-7s peak RSS     %-9s %7.0f MB  torch %7.0f MB  ratio %5.2fx   (warm-up: %.0f s / %.0f s, "
-                      "meta-test domains %s)" % (size, side, ms["peak_rss_mb"], tr["peak_rss_mb"],
-                                                 ms["peak_rss_mb"] / tr["peak_rss_mb"], ms["warm_up_s"],
-                                                 tr["warm_up_s"], ms["warmed_domains"]), flush=True)
-    print("; ".join("%s: %s" % ("MindSpore" if k == "mindspore" else k, v) for k, v in layers.items()))
+            timed = [label for label in variants if label != "torch"]
+            for step in ("basic", "meta"):
+                print("%-7s %-5s step   %s   torch %7.2f s" % (size, step, "   ".join(
+                    "%s %7.2f s (%5.2fx)" % (label, got[label][step], got[label][step] / tr[step])
+                    for label in timed), tr[step]), flush=True)
+            print("%-7s peak RSS     %s   torch %7.0f MB" % (size, "   ".join(
+                "%s %7.0f MB (%5.2fx)" % (label, got[label]["peak_rss_mb"],
+                                          got[label]["peak_rss_mb"] / tr["peak_rss_mb"]) for label in timed), tr["peak_rss_mb"]), flush=True)
+            print("%-7s warm-up      %s   torch %5.0f s   (meta-test domains %s)" % (size, "   ".join(
+                "%s %5.0f s" % (label, got[label]["warm_up_s"]) for label in timed),
+                tr["warm_up_s"], got["torch"]["warmed_domains"]), flush=True)
+    print("; ".join("%s: %s" % (k, v) for k, v in layers.items() if not k.endswith("-compiled")))
 
 
 if __name__ == "__main__":

@@ -21,7 +21,8 @@ _EXPORTS = {
     "set_device": "device", "current_device": "device", "to_device": "device",
     "value_and_grad": "autograd", "batch_norm": "norm", "instance_norm": "norm", "clip_grad_norm": "clip",
     "custom_op": "custom_op", "normalize": "functional", "vector_norm": "functional", "max_values": "functional",
-    "min_values": "functional", "where": "functional", "eager_only": "jit", "state_buffer": "jit",
+    "min_values": "functional", "where": "functional", "detach": "functional", "eager_only": "jit",
+    "state_buffer": "jit",
 }
 _SUBMODULES = ("optim", "schedules", "checkpoint", "data", "jit", "distributed")
 _BACKEND_NAMES = ("BACKEND", "IS_MINDSPORE", "LAYER", "IS_MINDTORCH", "torch", "nn", "F")
@@ -78,4 +79,4 @@ def info():
 __all__ = ["BACKEND", "IS_MINDSPORE", "LAYER", "IS_MINDTORCH", "torch", "nn", "F", "UserError", "info", "as_tensor",
            "to_numpy", "manual_seed", "no_grad", "assign_", "is_tensor", "zeros_like", "detach_tree", "set_device",
            "current_device", "to_device", "value_and_grad", "batch_norm", "instance_norm", "normalize",
-           "clip_grad_norm", "custom_op", "optim", "schedules", "checkpoint", "data"]
+           "clip_grad_norm", "custom_op", "detach", "optim", "schedules", "checkpoint", "data"]

@@ -145,6 +145,10 @@ class Group:
             out[key] = value[self.rank * size:(self.rank + 1) * size]
         return out
 
+    def chunk_array(self, array):
+        """This rank's chunk of one array (numpy or tensor), cut like `chunk`."""
+        return self.chunk({"array": array})["array"]
+
     def barrier(self):
         if self.world_size == 1:
             return

@@ -43,6 +43,13 @@ def min_values(x, dim):
     return _c.torch.min(x, dim=dim)[0]
 
 
+def detach(x):
+    """`x.detach()`: the value without gradient (compiled, MindSpore's tensors have no `detach` method)."""
+    if in_graph():
+        return _c.torch.cast_to_adapter_tensor(_ms_ops.stop_gradient(x))
+    return x.detach()
+
+
 def where(condition, x, y):
     """torch.where(condition, x, y)."""
     if in_graph():

@@ -7,7 +7,8 @@
 On MindSpore `compiled` wraps `fn` in `mindspore.jit`, and `value_and_grad` compiles loss, gradients and the
 aux outputs into one graph. MindSpore builds the graph by *parsing* the Python source of `fn` and of everything
 it calls (modules' forward included), not by tracing it. So code reachable from a compiled function follows
-these rules (tests/test_compiled.py compares every module and step kind against op-by-op execution):
+these rules (tests/test_compiled.py compares every module type, tests/test_compiled_steps.py every step kind,
+against op-by-op execution):
 
 - no in-place tensor ops (`add_`, `inplace=True`, `out=`): compiled, they give wrong values without an error;
 - no device->host reads (`.asnumpy()`, `float(t)`, numpy on tensors): compiled, they read garbage;
@@ -15,10 +16,22 @@ these rules (tests/test_compiled.py compares every module and step kind against 
   in branches that are not taken. Input checks and bookkeeping that need Python go into functions decorated
   with `eager_only`: they run as usual op by op and are skipped inside a compiled function (where tensor
   values do not exist yet);
+- containers are passed by value: a callee that writes into a dict it was given leaves the caller's dict
+  unchanged (no error; the key is missing later), so callees return what they computed. Lists of tuples of
+  tensors fail to compile in some places ("Expect tensor type"): use tuples. No `dict(key=...)`, no dict
+  comprehensions, no `.detach()` (`compat.detach`), no `.eq()`;
 - Python state (a module's dict attributes, `model.training`, globals) is read once, when the graph is built,
   and is baked into it. Callers therefore build one compiled function per configuration of that state (step
   kind, batch-norm mode, which domains a batch holds) and cache it; `in_graph()` is True while a graph is
   being built, so code can pick a graph-friendly formulation at that time.
+
+Compiled training steps (reid/engine/steps.py, MODEL.JIT) follow this contract: the differentiated function
+takes only tensors (images, labels, domain ids as 0-d tensors); everything else it reads (model, loss settings
+as plain Python values, label offsets, chunk count, domains per chunk) is fixed when it is built, and it is
+cached under that key; the batch-norm mode is set around the call; fast weights are written into the
+parameters around the call (`swap_in` / `restore`) rather than passed in, which is exact for first-order
+steps (the step is detached); `fn` returns (loss, dict of scalar terms); gradients come back for every
+parameter (zeros where unused) and optimizer updates run outside the graph.
 
 Every Parameter and buffer a graph touches must have a unique name: `prepare(model)` names them by their
 `named_parameters()` / `named_buffers()` names (MindSpore refuses duplicates). Buffers must be Parameters
@@ -213,6 +226,8 @@ def value_and_grad(fn, params, name):
 
     def loss_and_aux(*args):
         loss, aux = _split(fn(*args))
+        if aux is None:  # has_aux needs an aux output: a detached copy of the loss, dropped again below
+            return loss, loss
         return loss, aux
 
     grad_fn = mindspore.value_and_grad(loss_and_aux, None, params, has_aux=True)
@@ -225,7 +240,8 @@ def value_and_grad(fn, params, name):
 
     def call(*args):
         loss, aux, grads = run(*args)
-        return _cast_tree(loss, torch), _cast_tree(aux, torch), tuple(_cast_tree(g, torch) for g in grads)
+        aux = None if _c.is_tensor(aux) else _cast_tree(aux, torch)
+        return _cast_tree(loss, torch), aux, tuple(_cast_tree(g, torch) for g in grads)
     call.graph = run
     return call
 

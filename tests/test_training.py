@@ -68,11 +68,12 @@ def case_steps(root, out, weights, iterations, state_dir, extra=(), follow=False
     before every step into `state_dir`; a following run (follow=True) loads that state before each step,
     so every step of both runs starts from the same weights, optimizer buffers and meta-domain RNG; in meta
     steps it also takes the reference's fast-weight step α·r·g (its own is recorded for comparison).
-    Returns per-step kinds, losses, the trainable weights before (reference run only) and after every step,
-    the fast-weight steps and the lr of every iteration."""
+    Returns per-step kinds, losses, the trainable weights and running statistics before (reference run only)
+    and after every step, the logged loss terms after every step, the fast-weight steps, the lr of every
+    iteration and the compiled graphs built (MODEL.JIT)."""
     import compat
     trainer = _trainer(root, out, list(extra) + NO_AUG + ["MODEL.WEIGHTS", weights])
-    kinds, losses, before, after, steps = [], [], [], [], []
+    kinds, losses, before, after, steps, stats, terms, stats_before = [], [], [], [], [], [], [], []
     own_steps = trainer.fast_weight_steps
 
     def record_or_replay(grads):
@@ -96,12 +97,19 @@ def case_steps(root, out, weights, iterations, state_dir, extra=(), follow=False
                 compat.checkpoint.save(_step_state(trainer), path)
             if not follow:     # the shared start state of the step (the following run loads exactly this)
                 before.append({n: compat.to_numpy(p).copy() for n, p in zip(trainer.param_names, trainer.params)})
+                stats_before.append({n: compat.to_numpy(b).copy() for n, b in trainer.model.named_buffers()
+                                     if "running" in n})
             trainer.basic_step() if kind == "basic" else trainer.meta_step()
             kinds.append(kind)
             losses.append(trainer.step_log[-1][2])
             after.append({n: compat.to_numpy(p).copy() for n, p in zip(trainer.param_names, trainer.params)})
+            stats.append({n: compat.to_numpy(b).copy() for n, b in trainer.model.named_buffers() if "running" in n})
+            terms.append({k: v[0] for k, v in trainer.storage.latest().items()
+                          if k.startswith(("loss_", "meta/loss_"))})
     return {"kinds": kinds, "losses": np.array(losses), "before": before, "after": after, "fast_steps": steps,
-            "lrs": [trainer.schedule.lr_at(it) for it in range(iterations)]}
+            "lrs": [trainer.schedule.lr_at(it) for it in range(iterations)], "stats": stats, "terms": terms,
+            "stats_before": stats_before,
+            "graphs": sorted("%s %s" % key for key in trainer.steps.cache) if trainer.steps.compiled else []}
 
 
 # Per-step update bounds (tests/parity.py: a skipped update scores 1, a half-size one 0.5), as (over all
@@ -279,13 +287,15 @@ def test_nan_loss_stops_and_keeps_the_last_checkpoint(synth_root, tmp_path, monk
     out = str(tmp_path / "nan")
     t = _trainer(synth_root, out)
     t.register_hooks([_save_at(1)])
-    real = trainer_mod.objective
 
-    def poisoned(kind, *args, **kwargs):
+    from reid.engine import steps as steps_mod
+    real = steps_mod.step_objective
+
+    def poisoned(kind, *args, **kwargs):  # (op by op, the step functions look it up on every call)
         total, terms = real(kind, *args, **kwargs)
         return (total * float("nan") if t.iter >= 3 else total), terms
 
-    monkeypatch.setattr(trainer_mod, "objective", poisoned)
+    monkeypatch.setattr(steps_mod, "step_objective", poisoned)
     with pytest.raises(trainer_mod.TrainingDiverged, match="loss became nan .* iteration 3"):
         t.train(max_iter=6)
     with open(os.path.join(out, "last_checkpoint")) as fh:

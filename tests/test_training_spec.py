@@ -136,7 +136,7 @@ def _maml_reference(trainer, batches, train_domains, test_domain, lr):
     α = lr and r = 0.5 for adaptor parameters; update θ ← θ - lr·(∇θL_mtr(θ) + ∇θ'L_mte(θ') + wd·θ) (SGD,
     no momentum) for every parameter with a gradient, the others untouched (single device)."""
     import torch
-    from reid.engine.trainer import objective
+    from reid.engine.objectives import objective
     from reid.modeling import bn_mode
     model, cfg = trainer.model, trainer.cfg
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
@@ -271,7 +271,7 @@ def test_objective_is_the_weighted_sum_of_reference_losses(kind, splits):
     that sum (the original's DataParallel: each replica's losses on its own chunk)."""
     import compat
     from reid.config import get_cfg
-    from reid.engine.trainer import objective
+    from reid.engine.objectives import objective
     out, targets, domains, offsets = _objective_inputs(kind)
     T = compat.as_tensor
     got, _ = objective(kind, {k: ([T(a) for a in v] if isinstance(v, list) else T(v)) for k, v in out.items()},

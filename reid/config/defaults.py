@@ -19,7 +19,7 @@ _C.MODEL.PIXEL_STD = [58.395, 57.12, 57.375]
 # Emulate the original's nn.DataParallel over 4 GPUs: BN statistics and losses per contiguous chunk
 # (docs/method.md#dataparallel). 1 = whole-batch semantics.
 _C.MODEL.NUM_SPLITS = 4
-_C.MODEL.JIT = False                  # MindSpore: compiled (static-graph) evaluation forward; False: op by op
+_C.MODEL.JIT = False                  # MindSpore: compiled training steps and eval forward; False: op by op
 _C.MODEL.NUM_THREADS = 0              # MindSpore CPU kernel threads; 0 = one per core (env REID_NUM_THREADS overrides)
 
 _C.MODEL.BACKBONE = CN()

@@ -38,40 +38,64 @@ def _take(out, batch, sl, index, metric_key):
     center = out["center_dist"][sl] if out.get("center_dist") is not None else None
     paths = out["paths"][sl] if out.get("paths") is not None else None
     present = batch["present"][index] if batch.get("present") is not None else None
-    return dict(metric_feat=out[metric_key][sl], logits=logits, center_dist=center, paths=paths,
-                targets=batch["targets"][sl], domains=batch["domains"][sl], present=present)
+    # (a dict literal: compiled code cannot build dicts with dict(**keywords))
+    return {"metric_feat": out[metric_key][sl], "logits": logits, "center_dist": center, "paths": paths,
+            "targets": batch["targets"][sl], "domains": batch["domains"][sl], "present": present}
 
 
-def _cluster_terms(c, cfg, terms):
-    cl = cfg.MODEL.LOSSES.CLUSTER
-    if c["paths"] is None or not cl.ENABLED:
-        return
-    terms["loss_intra"] = intra_cluster_loss(c["paths"], c["domains"], cl.INTRA_MARGIN, cl.CENTROID, c["present"])
-    terms["loss_inter"] = inter_cluster_loss(c["paths"], c["domains"], cl.INTER_MARGIN, cl.CENTROID, c["present"])
-
-
-def _chunk_terms(kind, c, cfg, offsets):
+def loss_settings(cfg):
+    """The loss settings the objectives read, as plain Python values: built once from the config, so that
+    the differentiated (possibly compiled) step functions never read the yacs config (a compiled graph
+    cannot: compat/jit.py). Checks MODEL.HEADS.NECK_FEAT."""
     losses = cfg.MODEL.LOSSES
+    cl = losses.CLUSTER
+    return {"metric_key": metric_feature_key(cfg.MODEL.HEADS.NECK_FEAT),
+            "ce_epsilon": float(losses.CE.EPSILON), "ce_scale": float(losses.CE.SCALE),
+            "tri_margin": float(losses.TRI.MARGIN), "tri_scale": float(losses.TRI.SCALE),
+            "center_scale": float(losses.CENTER.SCALE), "center_meta_scale": float(losses.CENTER.META_SCALE),
+            "cluster": bool(cl.ENABLED), "intra_margin": float(cl.INTRA_MARGIN),
+            "inter_margin": float(cl.INTER_MARGIN), "centroid": str(cl.CENTROID), "sct_scale": float(losses.SCT.SCALE)}
+
+
+def _cluster_terms(c, s):
+    """(intra, inter) cluster losses, or None. (Returned, not written into the caller's dict: compiled code
+    passes containers by value, so a callee's writes would be lost there without an error.)"""
+    if c["paths"] is None or not s["cluster"]:
+        return None
+    return (intra_cluster_loss(c["paths"], c["domains"], s["intra_margin"], s["centroid"], c["present"]),
+            inter_cluster_loss(c["paths"], c["domains"], s["inter_margin"], s["centroid"], c["present"]))
+
+
+def _chunk_terms(kind, c, s, offsets):
     terms = {}
     if kind == "basic":
         terms["loss_cls"] = cross_entropy_per_domain(c["logits"], c["targets"], c["domains"], offsets,
-                                                     losses.CE.EPSILON, losses.CE.SCALE, present=c["present"])
-        terms["loss_triplet"] = triplet_loss(c["metric_feat"], c["targets"], losses.TRI.MARGIN) * losses.TRI.SCALE
-        _cluster_terms(c, cfg, terms)
-        if c["center_dist"] is not None and losses.CENTER.SCALE > 0:
-            terms["loss_center"] = center_loss(c["center_dist"], c["targets"]) * losses.CENTER.SCALE
+                                                     s["ce_epsilon"], s["ce_scale"], present=c["present"])
+        terms["loss_triplet"] = triplet_loss(c["metric_feat"], c["targets"], s["tri_margin"]) * s["tri_scale"]
+        cluster = _cluster_terms(c, s)
+        if cluster is not None:
+            terms["loss_intra"] = cluster[0]
+            terms["loss_inter"] = cluster[1]
+        if c["center_dist"] is not None and s["center_scale"] > 0:
+            terms["loss_center"] = center_loss(c["center_dist"], c["targets"]) * s["center_scale"]
     elif kind == "mtrain":
         terms["loss_triplet_add"] = triplet_loss_meta(c["metric_feat"], c["targets"], c["domains"], "add")
         terms["loss_triplet_mtrain"] = triplet_loss_meta(c["metric_feat"], c["targets"], c["domains"], "mtrain",
-                                                         losses.TRI.MARGIN)
-        terms["loss_sct"] = domain_sct_loss(c["metric_feat"], c["domains"], present=c["present"]) * losses.SCT.SCALE
-        _cluster_terms(c, cfg, terms)
+                                                         s["tri_margin"])
+        terms["loss_sct"] = domain_sct_loss(c["metric_feat"], c["domains"], present=c["present"]) * s["sct_scale"]
+        cluster = _cluster_terms(c, s)
+        if cluster is not None:
+            terms["loss_intra"] = cluster[0]
+            terms["loss_inter"] = cluster[1]
     elif kind == "mtest":
         terms["loss_triplet_mtest"] = triplet_loss_meta(c["metric_feat"], c["targets"], c["domains"], "mtest",
-                                                        losses.TRI.MARGIN)
-        _cluster_terms(c, cfg, terms)
-        if c["center_dist"] is not None and losses.CENTER.META_SCALE > 0:
-            terms["loss_center"] = center_loss(c["center_dist"], c["targets"]) * losses.CENTER.META_SCALE
+                                                        s["tri_margin"])
+        cluster = _cluster_terms(c, s)
+        if cluster is not None:
+            terms["loss_intra"] = cluster[0]
+            terms["loss_inter"] = cluster[1]
+        if c["center_dist"] is not None and s["center_meta_scale"] > 0:
+            terms["loss_center"] = center_loss(c["center_dist"], c["targets"]) * s["center_meta_scale"]
     else:
         raise ValueError("unknown step kind %r" % (kind,))
     return terms
@@ -88,19 +112,28 @@ def objective(kind, out, batch, cfg, offsets, num_splits=1):
     """(total, terms) for one step kind; terms are per-chunk means, total = mean over chunks of their sum.
 
     `batch` holds `targets` and `domains` (N,) tensors and optionally `present`: per chunk, the sorted domain
-    ids it holds (compiled steps must pass it: they cannot read labels on the host, compat/jit.py)."""
-    metric_key = metric_feature_key(cfg.MODEL.HEADS.NECK_FEAT)
+    ids it holds (compiled steps must pass it: they cannot read labels on the host, compat/jit.py).
+    `cfg`: the config; compiled code calls `step_objective` with `loss_settings(cfg)` instead."""
+    return step_objective(kind, out, batch, loss_settings(cfg), offsets, num_splits)
+
+
+def step_objective(kind, out, batch, settings, offsets, num_splits=1):
+    """`objective` on the plain `loss_settings` (what the step functions capture: reid/engine/steps.py)."""
+    metric_key = settings["metric_key"]
     n = int(out[metric_key].shape[0])
     num_splits = max(int(num_splits), 1)
     _check_split(n, num_splits)
-    summed = {}
+    per_chunk = []
     for index, sl in enumerate(_chunks(num_splits, n)):
-        for key, value in _chunk_terms(kind, _take(out, batch, sl, index, metric_key), cfg, offsets).items():
-            summed[key] = value if key not in summed else summed[key] + value
-    terms = {}
-    for key, value in summed.items():  # (a loop, not a dict comprehension: compiled code cannot parse those)
-        terms[key] = value / num_splits
-    total = None
-    for value in terms.values():
+        per_chunk.append(_chunk_terms(kind, _take(out, batch, sl, index, metric_key), settings, offsets))
+    # every chunk has the same terms; plain loops with reads only (compiled code cannot parse dict
+    # comprehensions, and membership tests on a dict being filled failed to compile)
+    terms, total = {}, None
+    for key in per_chunk[0].keys():
+        value = per_chunk[0][key]
+        for other in per_chunk[1:]:
+            value = value + other[key]
+        value = value / num_splits
+        terms[key] = value
         total = value if total is None else total + value
     return total, terms

@@ -33,9 +33,10 @@ from compat.schedules import LRSchedule
 from reid.config import check_supported_values
 from reid.engine.checkpointer import Checkpointer, model_state_from_file
 from reid.engine.distributed import local_splits
-from reid.engine.objectives import objective
+from reid.engine.objectives import loss_settings
+from reid.engine.steps import StepFunctions, chunk_domains
 from reid.engine.train_loop import TrainLoop
-from reid.modeling import bn_mode, build_model, fast_weights
+from reid.modeling import build_model
 from reid.modeling.layers import MetaBatchNorm, MetaInstanceNorm
 from reid.modeling.utils import named_state
 
@@ -140,6 +141,9 @@ class Trainer(TrainLoop):
         self.meta_rng = np.random.RandomState(int(cfg.SEED) + 1)
         self.num_splits = self.model.num_splits
         self.offsets = list(data.offsets)
+        # the differentiated step functions, built once from the config; compiled with MODEL.JIT on MindSpore
+        self.steps = StepFunctions(self.model, self.param_names, self.params, loss_settings(cfg), self.offsets,
+                                   self.num_splits, compat.jit.enabled(cfg.MODEL.JIT))
         self.start_iter = 0
         self.iter = 0
         self.step_log = []       # (iteration, kind, total loss) of every step: the loss trajectory
@@ -167,37 +171,15 @@ class Trainer(TrainLoop):
         return grads
 
     # ------------------------------------------------------------------ steps
-    def _step_loss(self, kind, batch, fast=None):
+    def _step_loss(self, kind, batch, domains, fast=None):
         """(loss, terms, grads) of one step kind on `batch` (fast: fast-weight steps for the meta-test).
+        `domains`: the batch's domain ids in numpy (read once per batch: the step functions read no labels)."""
+        return self._step_fn(kind, batch, chunk_domains(domains, self.num_splits), fast)
 
-        Everything that changes from step to step (images, labels, fast-weight steps) goes into the
-        differentiated function as an argument, never captured: MindSpore treats captured tensors as graph
-        constants, and a constant whose value changes makes its cached backward graph dynamic
-        (compat/autograd.py)."""
-        model, cfg = self.model, self.cfg
-        names = self.param_names
-        mode = "general" if kind == "basic" else "hold"
-
-        def fn(images, targets, domains, *steps):
-            with bn_mode(model, mode):
-                if not steps:
-                    out = model(images)
-                else:  # steps = the detached α·r·g, so only `p - step` is recorded for differentiation
-                    weights = {n: p - step for n, p, step in zip(names, self.params, steps)}
-                    with fast_weights(model, weights):
-                        out = model(images)
-            return objective(kind, out, {"targets": targets, "domains": domains}, cfg, self.offsets,
-                             self.num_splits)
-        # One name per graph structure: MindSpore caches backward graphs by function name (compat/autograd.py).
-        # The structure depends on the step kind and on which domains each DataParallel chunk holds.
-        fn.__name__ = fn.__qualname__ = "%s_loss_%s" % (kind, self._domain_signature(batch))
-        args = (batch["images"], batch["targets"], batch["domains"]) + tuple(fast or ())
-        return compat.value_and_grad(fn, self.params)(*args)
-
-    def _domain_signature(self, batch):
-        domains = compat.to_numpy(batch["domains"])
-        chunks = np.split(domains, self.num_splits) if len(domains) % self.num_splits == 0 else [domains]
-        return "_".join("".join(str(d) for d in np.unique(c)) for c in chunks)
+    def _step_fn(self, kind, batch, present, fast=None):
+        """The step function of (kind, per-chunk domains) on `batch`: op by op or compiled (MODEL.JIT), cached
+        per (kind, present) in `self.steps` (reid/engine/steps.py)."""
+        return self.steps(kind, batch, present, fast)
 
     def _check(self, loss, kind):
         if not _finite(loss):
@@ -214,11 +196,11 @@ class Trainer(TrainLoop):
 
     def basic_step(self):
         batch = next(self.data.combined)
-        loss, terms, grads = self._step_loss("basic", batch)
+        domains = compat.to_numpy(batch["domains"])
+        loss, terms, grads = self._step_loss("basic", batch, domains)
         loss, terms, grads = self.dist.average_step(loss, terms, grads)  # data parallel: mean over ranks
         self._check(loss, "basic")
-        present = set(np.unique(compat.to_numpy(batch["domains"])).tolist())
-        absent = [d for d in range(len(self.offsets)) if d not in present]
+        absent = [d for d in range(len(self.offsets)) if d not in set(domains.tolist())]
         self.optimizer.step(self._clip(self._drop_unused(grads, absent)))
         self.step_log.append((self.iter, "basic", _scalar(loss)))
         self.storage.put_scalars({k: _scalar(v) for k, v in terms.items()})
@@ -237,12 +219,16 @@ class Trainer(TrainLoop):
         mtr = {k: compat.torch.cat([p[k] for p in parts], 0) for k in ("images", "targets", "domains")}
         mte = next(self.data.domains[test_domain])
         mtr, mte = self.dist.chunk(mtr), self.dist.chunk(mte)  # data parallel: this rank's chunks
+        # each per-domain stream holds its own domain only: the domain ids follow from the batch sizes
+        mtr_domains = np.concatenate([np.full(int(p["domains"].shape[0]), d) for p, d in zip(parts, train_domains)])
+        mte_domains = np.full(int(mte["domains"].shape[0]), test_domain)
+        mtr_domains, mte_domains = self.dist.chunk_array(mtr_domains), self.dist.chunk_array(mte_domains)
 
-        loss_mtr, terms_mtr, g_mtr = self._step_loss("mtrain", mtr)
+        loss_mtr, terms_mtr, g_mtr = self._step_loss("mtrain", mtr, mtr_domains)
         loss_mtr, terms_mtr, g_mtr = self.dist.average_step(loss_mtr, terms_mtr, g_mtr)
         self._check(loss_mtr, "meta-train")
         steps = self.fast_weight_steps(g_mtr)
-        loss_mte, terms_mte, g_mte = self._step_loss("mtest", mte, fast=steps)
+        loss_mte, terms_mte, g_mte = self._step_loss("mtest", mte, mte_domains, fast=steps)
         loss_mte, terms_mte, g_mte = self.dist.average_step(loss_mte, terms_mte, g_mte)
         self._check(loss_mte, "meta-test")
         grads = [a + b for a, b in zip(g_mtr, g_mte)]

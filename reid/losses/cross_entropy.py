@@ -27,7 +27,7 @@ def _per_sample_loss(logits, targets, epsilon):
 
 def _mean_over_non_zero(per_sample):
     # the divisor is a count of the (detached) non-zero per-sample losses, as in the original's no_grad block
-    return per_sample.sum() / (per_sample.detach() != 0).float().sum().clamp(min=1.0)
+    return per_sample.sum() / (compat.detach(per_sample) != 0).float().sum().clamp(min=1.0)
 
 
 @compat.eager_only
@@ -67,6 +67,23 @@ def _check_per_domain(targets, domains, offsets, sizes):
     return present
 
 
+def _per_domain_by_weights(logits_list, targets, domains, offsets, epsilon, scale, present):
+    """The same loss when the present domain ids are 0-d tensors (compiled steps, reid/engine/steps.py): every
+    classifier's term, times 1 where its domain is present and 0 where not. An absent domain's term is
+    exactly 0 (all its rows are masked out), so the sum equals the sum over the present domains."""
+    total = None
+    for k in range(len(logits_list)):
+        mask = (domains == k).long()
+        per_sample = _per_sample_loss(logits_list[k], (targets.long() - int(offsets[k])) * mask, epsilon)
+        weight = None
+        for d in present:
+            hit = (d == k).float()
+            weight = hit if weight is None else weight + hit
+        term = _mean_over_non_zero(per_sample * mask.float()) * scale * weight
+        total = term if total is None else total + term
+    return total / len(present)
+
+
 def cross_entropy_per_domain(logits_list, targets, domains, offsets, epsilon=0.1, scale=0.5, return_present=False,
                              present=None):
     """ACL's classification loss: mean over present domains d of scale * CE(logits_list[d][rows of d], y - offsets[d]).
@@ -79,6 +96,8 @@ def cross_entropy_per_domain(logits_list, targets, domains, offsets, epsilon=0.1
     read labels on the host); else they are read from `domains`.
     """
     found = _check_per_domain(targets, domains, list(offsets), [int(l.shape[1]) for l in logits_list])
+    if compat.jit.in_graph():
+        return _per_domain_by_weights(logits_list, targets, domains, offsets, epsilon, scale, present)
     if present is None:
         present = found
     total = None

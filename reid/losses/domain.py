@@ -15,16 +15,16 @@ def _present(domains):
 
 
 def _domain_masks(domains, present=None):
-    """[(domain id, (N,) float mask, count)] for the domains present, in increasing id order (`present`: those
-    ids when the caller knows them, as compiled steps must; else read from `domains`). The count is a
-    tensor computed from the mask, not a host number: constants whose value changes from batch to batch would
-    make MindSpore's cached backward graph dynamic (compat/autograd.py)."""
+    """[((N,) float mask, count)] for the domains present, in increasing id order (`present`: those ids
+    when the caller knows them, as compiled steps must, as ints or 0-d tensors; else read from `domains`). The
+    count is a tensor computed from the mask, not a host number: constants whose value changes from batch to
+    batch would make MindSpore's cached backward graph dynamic (compat/autograd.py)."""
     if present is None:
         present = _present(domains)
-    out = []
-    for d in present:
-        mask = (domains == int(d)).float()
-        out.append((int(d), mask, mask.sum()))
+    out = ()  # a tuple: a list of tuples of tensors fails to compile in places (compat/jit.py)
+    for d in present:  # d: an int, or in compiled steps a 0-d tensor (reid/engine/steps.py)
+        mask = (domains == d).float()
+        out = out + ((mask, mask.sum()),)
     return out
 
 
@@ -40,7 +40,7 @@ def domain_sct_loss(embedding, domains, norm_feat=True, present=None):
     _check_not_empty(len(masks), "domain_sct_loss")
     feat_norm = safe_norm(embedding, 1)
     total = None
-    for _, mask, count in masks:
+    for mask, count in masks:
         center = (embedding * mask.unsqueeze(1)).sum(0) / count
         cos = (embedding * center.unsqueeze(0)).sum(1) / (feat_norm * safe_norm(center, 0))
         term = (cos * mask).sum() / count
@@ -76,7 +76,7 @@ def intra_cluster_loss(paths, domains, margin=0.1, centroid="scalar", present=No
     masks = _domain_masks(domains, present)
     _check_not_empty(len(masks), "intra_cluster_loss")
     total = None
-    for _, mask, count in masks:
+    for mask, count in masks:
         m = _centroid(p, mask, count, centroid)
         dist = safe_norm(p - m, 1)
         term = ((F.relu(dist - margin) ** 2) * mask).sum() / count
@@ -92,7 +92,7 @@ def inter_cluster_loss(paths, domains, margin=0.3, centroid="scalar", present=No
     masks = _domain_masks(domains, present)
     if len(masks) < 2:
         return domains.float().mean()
-    means = [_centroid(p, mask, count, centroid) for _, mask, count in masks]
+    means = [_centroid(p, mask, count, centroid) for mask, count in masks]
     total, count = None, 0
     for i in range(len(means)):
         for j in range(i + 1, len(means)):

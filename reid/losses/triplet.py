@@ -44,7 +44,7 @@ def hard_example_mining(dist, is_pos, is_neg):
 def _tie_mean(dist, mask, extreme):
     """Per row, the mean of `dist` over the masked entries equal to `extreme`: the value of the row-wise
     max/min, with the gradient shared evenly among ties like torch.max(t)/torch.min(t) of a whole tensor."""
-    ties = (dist.detach() == extreme.detach().unsqueeze(1)).float() * mask
+    ties = (compat.detach(dist) == compat.detach(extreme).unsqueeze(1)).float() * mask
     return (dist * (ties / ties.sum(1).reshape(-1, 1))).sum(1)
 
 
@@ -85,7 +85,7 @@ def _check_embedding(shape, name):
 
 def _same(labels):
     col = labels.reshape(-1, 1)
-    return col.eq(col.t()).float()
+    return (col == col.t()).float()
 
 
 def triplet_loss(embedding, targets, margin=0.3, norm_feat=False, hard_mining=True):

@@ -29,7 +29,7 @@ def cosine_dist(x, y):
 
 def safe_sqrt(sq):
     """sqrt with value 0 and gradient 0 where sq == 0 (torch.norm's backward convention; plain sqrt gives NaN)."""
-    positive = (sq.detach() > 0).float()
+    positive = (compat.detach(sq) > 0).float()
     return (sq + (1.0 - positive)).sqrt() * positive
 
 

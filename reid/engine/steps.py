@@ -1,0 +1,139 @@
+"""The differentiated functions of the ACL training steps, built once from the config (docs/method.md#training).
+
+`StepFunctions(...)(kind, batch, present, fast=None) -> (loss, terms, grads)` for the step kinds 'basic'
+(batch-statistics BN that updates the running statistics), 'mtrain' and 'mtest' ('hold' BN: batch statistics,
+running statistics untouched). `present` is, per DataParallel chunk, the tuple of domain ids the chunk holds,
+computed by the caller in numpy (`chunk_domains`), so the differentiated function reads no labels on the host.
+`fast` (mtest only) is the detached fast-weight step α·r·g: the loss is taken at θ' = θ - fast.
+
+One function per (step kind, per-chunk domains) is built on first use and cached (`self.cache`); what it
+captures is fixed then: the model, the loss settings (plain Python values from `loss_settings`, never the
+yacs config), the label offsets, the chunk count and `present`. Two ways to run them:
+
+- op by op (`compiled=False`, and always on torch): `compat.value_and_grad`; fast weights enter as
+  arguments of the differentiated function (`fast_weights`), each function has its own name (MindSpore's
+  PyNative grad cache, compat/autograd.py).
+- compiled (`compiled=True`, MODEL.JIT on MindSpore): `compat.jit.value_and_grad`, one static graph per
+  cache entry (compile time logged once). Python state is baked into a graph when it is built, so the BN
+  mode is set around the call, outside the graph. The meta-test graph is the plain forward: because the
+  fast-weight step is detached (first-order ACL), ∇_θ L(θ - fast) = ∇_θ' L(θ'), so θ' is written into the
+  parameters before the call and θ restored after it (`compat.jit.swap_in` / `restore`), and the same
+  kind of graph serves every meta step. (Equal to the op-by-op result: tests/test_compiled_steps.py.)
+
+Gradients come back for every parameter (zeros where the loss does not reach); the trainer applies
+single-device "None" semantics afterwards (`Trainer._drop_unused`), outside any graph.
+"""
+import numpy as np
+
+import compat
+from compat.errors import UserError
+from reid.engine.objectives import step_objective
+from reid.modeling import bn_mode, fast_weights
+from reid.modeling.heads import train_dict
+
+BN_MODES = {"basic": "general", "mtrain": "hold", "mtest": "hold"}
+
+
+def chunk_domains(domains, num_splits):
+    """Per contiguous chunk of the batch, the sorted tuple of domain ids it holds (numpy `domains` (N,))."""
+    domains = np.asarray(domains).reshape(-1)
+    if len(domains) % num_splits:
+        raise UserError("batch of %d cannot be split into MODEL.NUM_SPLITS=%d equal chunks; make the batch sizes "
+                        "multiples of NUM_SPLITS" % (len(domains), num_splits))
+    return tuple(tuple(int(d) for d in np.unique(c)) for c in np.split(domains, num_splits))
+
+
+def signature(present):
+    """'012_01' for ((0, 1, 2), (0, 1)): part of each step function's name."""
+    return "_".join("".join(str(d) for d in chunk) for chunk in present)
+
+
+def _regroup(ids, counts):
+    """The flat domain-id arguments back into per-chunk groups (`counts` ids each)."""
+    out = ()
+    start = 0
+    for k in counts:
+        out = out + (ids[start:start + k],)
+        start = start + k
+    return out
+
+
+class StepFunctions:
+    """Builds and caches the step functions of one model (see the module docstring)."""
+
+    def __init__(self, model, param_names, params, settings, offsets, num_splits, compiled):
+        self.model, self.names, self.params = model, list(param_names), list(params)
+        self.settings, self.offsets, self.num_splits = dict(settings), tuple(int(o) for o in offsets), int(num_splits)
+        self.compiled = bool(compiled) and compat.IS_MINDSPORE
+        self.cache = {}
+        if self.compiled:
+            compat.jit.prepare(model)
+
+    def __call__(self, kind, batch, present, fast=None):
+        if (fast is not None) != (kind == "mtest"):
+            raise ValueError("fast-weight steps go with the meta-test step only")
+        fn = self.function(kind, present)
+        args = (batch["images"], batch["targets"], batch["domains"]) + self._id_args(kind, present)
+        with bn_mode(self.model, BN_MODES[kind]):  # op by op read on every call; compiled, baked when built
+            if not self.compiled:
+                return fn(*(args + tuple(fast or ())))
+            if fast is None:
+                return fn(*args)
+            saved = compat.jit.swap_in(self.params, fast)
+            try:
+                return fn(*args)
+            finally:
+                compat.jit.restore(self.params, saved)
+
+    def function(self, kind, present):
+        """The cached differentiated function of (kind, present): called with (images, targets, domains), then
+        op by op in meta-test the fast-weight steps, compiled in meta steps the domain ids (`_id_args`)."""
+        present = tuple(tuple(int(d) for d in c) for c in present)
+        key = (kind, self._graph_key(kind, present))
+        if key not in self.cache:
+            self.cache[key] = self._build(kind, key[1])
+        return self.cache[key]
+
+    def _graph_key(self, kind, present):
+        """Compiled, the domain ids travel as tensor arguments (`_id_args`) and the graph depends only on how
+        many domains each chunk holds: one graph serves every meta-train (meta-test) domain choice, and the
+        basic step needs a second graph only for a batch that misses a domain. Op by op the ids are constants
+        of the function (one name per structure, compat/autograd.py)."""
+        if self.compiled:
+            return tuple(len(c) for c in present)
+        return present
+
+    def _id_args(self, kind, present):
+        if self.compiled:
+            return tuple(compat.as_tensor(np.int64(d)) for c in present for d in c)
+        return ()
+
+    def _build(self, kind, key):
+        model, settings, offsets, num_splits = self.model, self.settings, self.offsets, self.num_splits
+        if self.compiled:
+            counts = key
+
+            def loss(images, targets, domains, *ids):
+                out = train_dict(model(images))  # compiled, the train-mode forward returns a tuple
+                present = _regroup(ids, counts)
+                return step_objective(kind, out, {"targets": targets, "domains": domains, "present": present},
+                                      settings, offsets, num_splits)
+            name = "%s_loss_%s" % (kind, "_".join(str(c) for c in counts))
+            return compat.jit.value_and_grad(loss, self.params, name)
+
+        present = key
+        name = "%s_loss_%s" % (kind, signature(present))
+
+        names, params = self.names, self.params
+
+        def loss_op_by_op(images, targets, domains, *steps):
+            if not steps:
+                out = model(images)
+            else:  # steps = the detached α·r·g, so only `p - step` is recorded for differentiation
+                with fast_weights(model, {n: p - s for n, p, s in zip(names, params, steps)}):
+                    out = model(images)
+            return step_objective(kind, out, {"targets": targets, "domains": domains, "present": present},
+                                  settings, offsets, num_splits)
+        # One name per graph structure: MindSpore's PyNative grad cache is keyed by it (compat/autograd.py).
+        loss_op_by_op.__name__ = loss_op_by_op.__qualname__ = name
+        return compat.value_and_grad(loss_op_by_op, self.params)
