@@ -94,7 +94,8 @@ def main():
                     for label in timed), tr[step]), flush=True)
             print("%-7s peak RSS     %s   torch %7.0f MB" % (size, "   ".join(
                 "%s %7.0f MB (%5.2fx)" % (label, got[label]["peak_rss_mb"],
-                                          got[label]["peak_rss_mb"] / tr["peak_rss_mb"]) for label in timed), tr["peak_rss_mb"]), flush=True)
+                                          got[label]["peak_rss_mb"] / tr["peak_rss_mb"])
+                for label in timed), tr["peak_rss_mb"]), flush=True)
             print("%-7s warm-up      %s   torch %5.0f s   (meta-test domains %s)" % (size, "   ".join(
                 "%s %5.0f s" % (label, got[label]["warm_up_s"]) for label in timed),
                 tr["warm_up_s"], got["torch"]["warmed_domains"]), flush=True)
