@@ -174,8 +174,8 @@ class MetaCenters(MetaModule):
 
 def global_avg_pool(x):
     """(N, C, H, W) -> (N, C) channel means. Average pooling over the whole map, not `x.mean((2, 3))`: on
-    MindSpore's CPU kernels the reduction costs ~5x more (47 vs 9 ms on a (8, 256, 64, 32) map; profile in
-    bench/model.py's notes); torch takes either."""
+    MindSpore's CPU kernels the reduction costs ~5x more (47 vs 9 ms on a (8, 256, 64, 32) map, one run, op by
+    op and compiled alike; README "Benchmarks"); torch takes either."""
     return F.adaptive_avg_pool2d(x, 1).reshape(x.shape[0], x.shape[1])
 
 
