@@ -50,6 +50,26 @@ def detach(x):
     return x.detach()
 
 
+def max_pool2d_ceil(x, kernel_size, stride):
+    """F.max_pool2d(x, kernel_size, stride, ceil_mode=True) on (N, C, H, W), no padding. MSAdapter runs ceil
+    mode through a 3-D pooling kernel that also computes argmax indices (120 ms on the stem's (8, 64, 128, 64)
+    map at full size, about 8x a plain pooling): on MindSpore the map is instead padded at the bottom / right
+    with -inf up to the size whose floor-mode pooling has the ceil-mode output size, then pooled by the plain
+    kernel. Same windows, same maxima (torch's rule that the last window starts inside the input holds: at most
+    stride - 1 rows / columns are added)."""
+    if not _c.IS_MINDSPORE:
+        return _c.F.max_pool2d(x, kernel_size, stride, 0, 1, True)
+    n, c, h, w = x.shape
+    extra_h = -(h - kernel_size) % stride    # rows / columns the last ceil-mode window hangs over the edge
+    extra_w = -(w - kernel_size) % stride
+    if extra_h:
+        x = _ms_ops.concat((x, _ms_ops.fill(x.dtype, (n, c, extra_h, w), float("-inf"))), 2)
+    if extra_w:
+        x = _ms_ops.concat((x, _ms_ops.fill(x.dtype, (n, c, h + extra_h, extra_w), float("-inf"))), 3)
+    pool = _prim_cache(_ms_P.MaxPool)(kernel_size=kernel_size, strides=stride, pad_mode="valid")
+    return _c.torch.cast_to_adapter_tensor(pool(x))
+
+
 def where(condition, x, y):
     """torch.where(condition, x, y)."""
     if in_graph():
@@ -65,4 +85,5 @@ def _eager_where(condition, x, y):
 if _c.IS_MINDSPORE:
     from mindspore import ops as _ms_ops
     from mindspore.ops import operations as _ms_P
+    from mindspore.ops._primitive_cache import _get_cache_prim as _prim_cache
     _SUM_KEEPDIM = _ms_ops.ReduceSum(keep_dims=True)

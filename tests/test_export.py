@@ -222,10 +222,16 @@ def test_mindir_engine_evaluates_like_the_eager_network(native, weights):
             load_engine(cfg, "mindir", str(weights / "x.mindir"))
         return
     evaluate_fn = build_evaluate_fn(cfg)
-    exported = evaluate_fn(load_engine(cfg, "mindir", native["files"]["mindir"]))["SynthD"]
-    eager = evaluate_fn(small_acl(cfg))["SynthD"]
+    exported, exported_details = evaluate_fn(load_engine(cfg, "mindir", native["files"]["mindir"]), True)
+    eager, eager_details = evaluate_fn(small_acl(cfg), True)
+    # The file and the eager network agree to float rounding (features ~3e-6), but this untrained network's
+    # query-gallery distances all lie within 0.0085 with exact ties and ~1200 gaps under 1e-4, so rounding
+    # reorders near-tied gallery items: the distances are compared tightly (measured 6e-7), the metrics loosely
+    # (measured 0.043 mAP apart).
+    dist_exported, dist_eager = (np.asarray(d["SynthD"][0]) for d in (exported_details, eager_details))
+    assert np.abs(dist_exported - dist_eager).max() < 5e-6
     for key in ("mAP", "Rank-1", "mINP"):
-        assert exported[key] == pytest.approx(eager[key], abs=0.01), key
+        assert exported["SynthD"][key] == pytest.approx(eager["SynthD"][key], abs=0.2), key
 
 
 def test_export_and_engine_errors_are_one_line(weights, tmp_path):

@@ -20,7 +20,7 @@ _C.MODEL.PIXEL_STD = [58.395, 57.12, 57.375]
 # (docs/method.md#dataparallel). 1 = whole-batch semantics.
 _C.MODEL.NUM_SPLITS = 4
 _C.MODEL.JIT = False                  # MindSpore: compiled training steps and eval forward; False: op by op
-_C.MODEL.NUM_THREADS = 0              # MindSpore CPU kernel threads; 0 = one per core (env REID_NUM_THREADS overrides)
+_C.MODEL.NUM_THREADS = 0              # MindSpore CPU kernel threads; 0 = env REID_NUM_THREADS, else one per core
 
 _C.MODEL.BACKBONE = CN()
 _C.MODEL.BACKBONE.NAME = "acl_resnet50_ibn_a"   # or "resnet50", "resnet50_ibn_a" (baseline)

@@ -75,6 +75,14 @@ def setup_cfg(args):
     return load_cfg(args.config_file or None, opts)
 
 
+def configure_runtime(cfg):
+    """Process-wide framework settings from cfg, applied by every entry point before it builds a model:
+    MindSpore's CPU kernel pool gets MODEL.NUM_THREADS threads (0: REID_NUM_THREADS, else one per core; the
+    framework's own default is 30 whatever the machine). Returns the thread count (None on torch)."""
+    import compat
+    return compat.jit.set_threads(cfg.MODEL.NUM_THREADS)
+
+
 def build_evaluate_fn(cfg):
     """fn(model) -> {dataset: metrics} over DATASETS.TESTS (loaders built once, reused)."""
     from reid.data.build import build_test_loaders
@@ -186,6 +194,7 @@ def train(cfg, resume=False, progress=True):
 
     check_reference(cfg)
     compat.set_device(cfg.MODEL.DEVICE)
+    configure_runtime(cfg)
     group = compat.distributed.init(cfg.MODEL.DEVICE)
     trainer = Trainer(cfg, resume=resume, quiet=not group.is_main)
     if not group.is_main:
@@ -281,6 +290,7 @@ def test(cfg, vis_rank=0, reference_only=False, engine=None, model_path=None):
         print("results written to %s" % path)
         return reference
     engine = engine or (format_of(model_path) if model_path else "eager")
+    configure_runtime(cfg)
     model = load_engine(cfg, engine, model_path)
     print("backend %(backend)s (%(torch_api)s %(torch_api_version)s on %(framework)s %(framework_version)s), "
           "device %(device)s" % compat.info())

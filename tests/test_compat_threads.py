@@ -1,0 +1,51 @@
+"""MODEL.NUM_THREADS reaches MindSpore's CPU kernel pool through the entry points' configure_runtime."""
+import os
+
+import pytest
+
+import compat
+from compat.errors import UserError
+
+
+def _cfg(num_threads):
+    from reid.config import get_cfg
+    cfg = get_cfg()
+    cfg.MODEL.NUM_THREADS = num_threads
+    return cfg
+
+
+@pytest.fixture
+def restore_threads():
+    before = compat.jit.set_threads()   # the default the rest of the session runs with
+    yield
+    compat.jit.set_threads(before)
+
+
+def test_num_threads_reaches_mindspore(monkeypatch, restore_threads):
+    from reid.engine.launch import configure_runtime
+    if not compat.IS_MINDSPORE:
+        assert configure_runtime(_cfg(3)) is None   # torch keeps its own setting
+        return
+    import mindspore
+    monkeypatch.delenv("REID_NUM_THREADS", raising=False)
+    assert configure_runtime(_cfg(3)) == 3
+    assert mindspore.get_context("runtime_num_threads") == 3
+    cores = len(os.sched_getaffinity(0))
+    assert configure_runtime(_cfg(0)) == cores           # 0: one per core
+    assert mindspore.get_context("runtime_num_threads") == cores
+    monkeypatch.setenv("REID_NUM_THREADS", "5")          # 0 defers to the environment variable
+    assert configure_runtime(_cfg(0)) == 5
+    assert mindspore.get_context("runtime_num_threads") == 5
+    assert configure_runtime(_cfg(1)) == 1               # the config wins over the environment
+    assert mindspore.get_context("runtime_num_threads") == 1
+
+
+def test_bad_thread_counts_are_user_errors(monkeypatch, restore_threads):
+    from reid.engine.launch import configure_runtime
+    if not compat.IS_MINDSPORE:
+        pytest.skip("torch keeps its own thread setting")
+    with pytest.raises(UserError, match="MODEL.NUM_THREADS"):
+        configure_runtime(_cfg(-2))
+    monkeypatch.setenv("REID_NUM_THREADS", "many")
+    with pytest.raises(UserError, match="REID_NUM_THREADS"):
+        configure_runtime(_cfg(0))
