@@ -52,7 +52,8 @@ demo: setup-ms
 MT_TESTS := tests/test_compat_checkpoint.py tests/test_compat_custom_op.py tests/test_compat_data.py \
 	tests/test_compat_errors.py tests/test_compat_norm.py tests/test_compat_optim.py tests/test_compat_schedules.py \
 	tests/test_losses.py tests/test_modeling.py tests/test_modeling_units.py tests/test_evaluation.py \
-	tests/test_evaluation_parity.py tests/test_compiled.py tests/test_training.py tests/test_training_spec.py
+	tests/test_evaluation_parity.py tests/test_compiled.py tests/test_training.py tests/test_training_spec.py \
+	tests/test_compat_functional.py
 test: setup
 	.venv-torch/bin/ruff check .
 	REID_ALLOW_MISSING_BACKEND= REID_BACKEND=mindspore $(MS_PY) -m pytest tests -q $(PYTEST_ARGS)

@@ -592,3 +592,25 @@ def test_bad_input_raises_user_error():
         L.center_loss(T(inp["center_dist"]), T(inp["center_tgt"] + 13))
     with pytest.raises(UserError, match="CENTROID"):
         L.intra_cluster_loss(T(inp["paths"]), T(inp["cont_dom"]), centroid="median")
+
+
+# ---------------------------------------------------------------------- chance level (curves.png)
+def test_classification_chance_is_the_loss_of_uniform_predictions():
+    """The dashed chance line of curves.png equals loss_cls when every classifier outputs equal logits (label
+    smoothing included), for the demo's equal class counts and for unequal ones with every domain present."""
+    import compat
+    from reid import losses as L
+    from reid.config import get_cfg
+    from reid.engine.hooks import classification_chance
+    cfg = get_cfg()
+    for classes in ([150, 150, 150], [5, 3, 4]):
+        cfg.MODEL.HEADS.NUM_CLASSES = classes
+        offsets = np.cumsum([0] + classes[:-1])
+        domains = np.repeat(np.arange(3), 4)
+        targets = offsets[domains] + np.arange(12) % 3
+        logits = [compat.as_tensor(np.full((12, n), 0.7, np.float32)) for n in classes]
+        loss = L.cross_entropy_per_domain(logits, compat.as_tensor(targets), compat.as_tensor(domains), list(offsets),
+                                          cfg.MODEL.LOSSES.CE.EPSILON, cfg.MODEL.LOSSES.CE.SCALE)
+        assert abs(float(compat.to_numpy(loss)) - classification_chance(cfg)) < 1e-5
+    cfg.MODEL.HEADS.NUM_CLASSES = [150, 150, 150]
+    assert abs(classification_chance(cfg) - 0.5 * np.log(150)) < 1e-12

@@ -140,6 +140,32 @@ def test_init_follows_the_original():
 
 # --------------------------------------------------------------------------- contract
 
+
+@pytest.mark.parametrize("arch,backbone", [("ACL", "acl_resnet50_ibn_a"), ("Baseline", "resnet50_ibn_a")])
+def test_zero_init_residual_starts_every_stage_block_as_identity(arch, backbone):
+    """MODEL.BACKBONE.ZERO_INIT_RESIDUAL: exactly the stage bottlenecks' bn3 scales start at 0 (the CODE blocks
+    and every other norm keep the original's init), so a block without projection returns relu(x)."""
+    from reid.modeling.backbones.resnet import Bottleneck
+    cfg = small_cfg(arch, backbone, width=8)
+    cfg.MODEL.BACKBONE.ZERO_INIT_RESIDUAL = True
+    np.random.seed(0)
+    b = M.build_model(cfg).backbone
+    np.random.seed(0)
+    default = M.build_model(small_cfg(arch, backbone, width=8)).backbone
+    stage_bn3 = {"layer%d.%d.bn3.weight" % (s, i) for s in range(1, 5) for i in range(len(getattr(b, "layer%d" % s)))}
+    assert len(stage_bn3) == (12 if arch == "ACL" else 16)
+    defaults = dict(default.named_parameters())
+    for name, p in b.named_parameters():
+        if name in stage_bn3:
+            assert np.all(n(p) == 0) and np.all(n(defaults[name]) == 1), name
+        else:   # everything else (CODE blocks included) is drawn exactly as without the option
+            assert np.array_equal(n(p), n(defaults[name])), name
+    block = b.layer2[1]
+    assert isinstance(block, Bottleneck) and block.downsample is None
+    x = t(np.random.RandomState(1).randn(2, block.conv1.weight.shape[1], 8, 4))
+    block.train()
+    np.testing.assert_allclose(n(block(x)), np.maximum(n(x), 0), atol=1e-6)
+
 def test_output_contract(acl):
     acl.train()
     out = acl(images())

@@ -31,6 +31,10 @@ _C.MODEL.BACKBONE.NUM_EXPERTS = 4                # K, dynamic-branch experts per
 _C.MODEL.BACKBONE.PRETRAIN = False               # load ImageNet ResNet-50-IBN-a weights from PRETRAIN_PATH
 _C.MODEL.BACKBONE.PRETRAIN_PATH = ""             # e.g. ~/.cache/torch/checkpoints/resnet50_ibn_a-d9d0bb7b.pth
 _C.MODEL.BACKBONE.ADAPTOR_STEP_RATIO = 0.5       # r: fast-weight step ratio for modules named *adaptor*
+# True: the last BN of every stage bottleneck starts at scale 0, so each residual block starts as the identity
+# (Goyal et al. 2017). Not the original's init (it loads ImageNet weights); from scratch (the synthetic demo)
+# it ends the ~100-iteration plateau at chance. Pretrained weights overwrite it.
+_C.MODEL.BACKBONE.ZERO_INIT_RESIDUAL = False
 
 _C.MODEL.HEADS = CN()
 _C.MODEL.HEADS.NAME = "MetaEmbeddingHead"

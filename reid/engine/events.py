@@ -194,8 +194,9 @@ def read_metrics(path, tolerate_torn_end=False):
     return records
 
 
-def plot_curves(metrics_path, out_png):
-    """PNG of the loss terms and learning rate over iterations (and eval metrics if logged)."""
+def plot_curves(metrics_path, out_png, cls_chance=None):
+    """PNG of the loss terms and learning rate over iterations (and eval metrics if logged). `cls_chance`:
+    loss_cls of uniform predictions, drawn as a dashed line (training has begun once loss_cls leaves it)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -210,6 +211,9 @@ def plot_curves(metrics_path, out_png):
     for key in loss_keys:
         pts = [(r["iteration"], r[key]) for r in train if key in r]
         axes[0].plot([p[0] for p in pts], [p[1] for p in pts], label=key, linewidth=1)
+    if cls_chance is not None and "loss_cls" in loss_keys:
+        axes[0].axhline(cls_chance, color="grey", linestyle="--", linewidth=1,
+                        label="loss_cls at chance (%.2f)" % cls_chance)
     axes[0].set_xlabel("iteration")
     axes[0].set_title("losses")
     axes[0].set_yscale("symlog", linthresh=1e-2)

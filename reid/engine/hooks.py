@@ -8,6 +8,7 @@ what lets a resumed run (`--resume`, or a restart after a crash) end with the sa
 """
 import glob
 import json
+import math
 import os
 
 from tqdm import tqdm
@@ -199,13 +200,20 @@ class Evaluator(HookBase):
         os.replace(path + ".tmp", path)
 
 
+def classification_chance(cfg):
+    """loss_cls of uniform predictions: CE.SCALE * ln(classes), averaged over the source domains' classifiers
+    (exact when they have equal class counts; label smoothing keeps it, its targets sum to 1)."""
+    classes = [int(n) for n in cfg.MODEL.HEADS.NUM_CLASSES]
+    return float(cfg.MODEL.LOSSES.CE.SCALE) * sum(math.log(n) for n in classes) / len(classes)
+
+
 class CurvePlotter(HookBase):
-    def __init__(self, metrics_path, out_png):
-        self.metrics_path, self.out_png = metrics_path, out_png
+    def __init__(self, metrics_path, out_png, cls_chance=None):
+        self.metrics_path, self.out_png, self.cls_chance = metrics_path, out_png, cls_chance
 
     def after_train(self):
         if is_last_iteration(self.trainer) and os.path.exists(self.metrics_path):
-            plot_curves(self.metrics_path, self.out_png)
+            plot_curves(self.metrics_path, self.out_png, self.cls_chance)
 
 
 def default_hooks(trainer, evaluate_fn=None, progress=True):
@@ -222,5 +230,5 @@ def default_hooks(trainer, evaluate_fn=None, progress=True):
              evaluator,
              MetricsLogger(writer, cfg.LOG_PERIOD, flush_at=flush_at),
              checkpointer,
-             CurvePlotter(writer.path, os.path.join(cfg.OUTPUT_DIR, "curves.png"))]
+             CurvePlotter(writer.path, os.path.join(cfg.OUTPUT_DIR, "curves.png"), classification_chance(cfg))]
     return [h for h in hooks if h is not None]

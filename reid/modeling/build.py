@@ -10,17 +10,19 @@ from compat.errors import UserError
 @BACKBONE_REGISTRY.register("acl_resnet50_ibn_a")
 def build_acl_resnet50_ibn_a(cfg):
     b = cfg.MODEL.BACKBONE
-    return ACLResNet(b.BASE_WIDTH, b.LAST_STRIDE, b.WITH_IBN, b.NUM_EXPERTS)
+    return ACLResNet(b.BASE_WIDTH, b.LAST_STRIDE, b.WITH_IBN, b.NUM_EXPERTS, zero_init_residual=b.ZERO_INIT_RESIDUAL)
 
 
 @BACKBONE_REGISTRY.register("resnet50")
 def build_resnet50(cfg):
-    return ResNet(cfg.MODEL.BACKBONE.BASE_WIDTH, cfg.MODEL.BACKBONE.LAST_STRIDE, with_ibn=False)
+    return ResNet(cfg.MODEL.BACKBONE.BASE_WIDTH, cfg.MODEL.BACKBONE.LAST_STRIDE, with_ibn=False,
+                  zero_init_residual=cfg.MODEL.BACKBONE.ZERO_INIT_RESIDUAL)
 
 
 @BACKBONE_REGISTRY.register("resnet50_ibn_a")
 def build_resnet50_ibn_a(cfg):
-    return ResNet(cfg.MODEL.BACKBONE.BASE_WIDTH, cfg.MODEL.BACKBONE.LAST_STRIDE, with_ibn=True)
+    return ResNet(cfg.MODEL.BACKBONE.BASE_WIDTH, cfg.MODEL.BACKBONE.LAST_STRIDE, with_ibn=True,
+                  zero_init_residual=cfg.MODEL.BACKBONE.ZERO_INIT_RESIDUAL)
 
 
 @HEAD_REGISTRY.register("MetaEmbeddingHead")

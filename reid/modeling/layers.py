@@ -97,10 +97,10 @@ class MetaBatchNorm(MetaModule):
     Works on (N, C) and (N, C, H, W) inputs.
     """
 
-    def __init__(self, num_features, bias_freeze=False, eps=1e-5, momentum=0.1):
+    def __init__(self, num_features, bias_freeze=False, eps=1e-5, momentum=0.1, weight_init=1.0):
         super().__init__()
         self.num_features, self.eps, self.momentum, self.bias_freeze = num_features, eps, momentum, bias_freeze
-        self.weight = new_parameter(np.ones(num_features))
+        self.weight = new_parameter(np.full(num_features, float(weight_init)))
         self.bias = new_parameter(np.zeros(num_features), requires_grad=not bias_freeze)
         # state buffers: compiled training steps update them in place (compat/jit.py)
         self.register_buffer("running_mean", compat.state_buffer(np.zeros(num_features)))

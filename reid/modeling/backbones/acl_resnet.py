@@ -120,7 +120,8 @@ class ACLResNet(nn.Module):
     """ResNet-50-IBN-a with main stages of 2/3/5/2 blocks, each followed by a CODE block.
     forward(x) -> (feature map (N, 32*base_width, H/16, W/16), paths (N, 4*num_experts))."""
 
-    def __init__(self, base_width=64, last_stride=1, with_ibn=True, num_experts=4, blocks=ACL_MAIN_BLOCKS):
+    def __init__(self, base_width=64, last_stride=1, with_ibn=True, num_experts=4, blocks=ACL_MAIN_BLOCKS,
+                 zero_init_residual=False):
         super().__init__()
         if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts < 1:
             raise UserError("MODEL.BACKBONE.NUM_EXPERTS must be a positive integer, got %r" % (num_experts,))
@@ -130,7 +131,8 @@ class ACLResNet(nn.Module):
 
         def add_code_block(i, channels):
             setattr(self, "code%d" % (i + 1), CODEBlock(channels, num_experts, with_ibn))
-        self.feat_dim = add_stem_and_stages(self, base_width, last_stride, with_ibn, self.blocks, add_code_block)
+        self.feat_dim = add_stem_and_stages(self, base_width, last_stride, with_ibn, self.blocks, add_code_block,
+                                            zero_init_residual)
 
     def forward(self, x):
         x = stem_forward(self, x)

@@ -28,11 +28,12 @@ class Bottleneck(nn.Module):
     """1x1 -> 3x3 (stride here) -> 1x1 bottleneck with residual.
 
     `norm`: 'BN' everywhere, 'IBN' (IBN-a: bn1 is IBN, bn2/bn3 BN) or 'IN' (all instance norm: the ACL
-    static branch).
+    static branch). `zero_init_residual`: bn3's scale starts at 0 (BN only), so the block starts as the
+    identity (MODEL.BACKBONE.ZERO_INIT_RESIDUAL).
     """
     expansion = 4
 
-    def __init__(self, inplanes, planes, stride=1, norm="BN", downsample=None):
+    def __init__(self, inplanes, planes, stride=1, norm="BN", downsample=None, zero_init_residual=False):
         super().__init__()
         inner = "IN" if norm == "IN" else "BN"
         self.conv1 = MetaConv2d(inplanes, planes, 1)
@@ -40,7 +41,10 @@ class Bottleneck(nn.Module):
         self.conv2 = MetaConv2d(planes, planes, 3, stride=stride, padding=1)
         self.bn2 = make_norm(inner, planes)
         self.conv3 = MetaConv2d(planes, planes * self.expansion, 1)
-        self.bn3 = make_norm(inner, planes * self.expansion)
+        if zero_init_residual and inner == "BN":
+            self.bn3 = MetaBatchNorm(planes * self.expansion, weight_init=0.0)
+        else:
+            self.bn3 = make_norm(inner, planes * self.expansion)
         self.downsample = downsample
 
     def forward(self, x):
@@ -51,15 +55,15 @@ class Bottleneck(nn.Module):
         return F.relu(out + identity)
 
 
-def make_stage(inplanes, planes, blocks, stride, norm):
+def make_stage(inplanes, planes, blocks, stride, norm, zero_init_residual=False):
     """`blocks` bottlenecks; the first carries the stride and a 1x1 conv + BN projection when needed."""
     downsample = None
     if stride != 1 or inplanes != planes * Bottleneck.expansion:
         downsample = nn.Sequential(MetaConv2d(inplanes, planes * Bottleneck.expansion, 1, stride=stride),
                                    MetaBatchNorm(planes * Bottleneck.expansion))
-    layers = [Bottleneck(inplanes, planes, stride, norm, downsample)]
+    layers = [Bottleneck(inplanes, planes, stride, norm, downsample, zero_init_residual)]
     for _ in range(1, blocks):
-        layers.append(Bottleneck(planes * Bottleneck.expansion, planes, 1, norm))
+        layers.append(Bottleneck(planes * Bottleneck.expansion, planes, 1, norm, None, zero_init_residual))
     return nn.Sequential(*layers)
 
 
@@ -75,17 +79,18 @@ def check_stride(last_stride):
         raise UserError("MODEL.BACKBONE.LAST_STRIDE must be 1 or 2, got %r" % (last_stride,))
 
 
-def add_stem_and_stages(module, base_width, last_stride, with_ibn, blocks, after_stage=None):
+def add_stem_and_stages(module, base_width, last_stride, with_ibn, blocks, after_stage=None, zero_init_residual=False):
     """Register the stem (`conv1`, `bn1`) and the bottleneck stages `layer1..4` on `module` (IBN-a in stages
     1-3 when with_ibn); `after_stage(i, channels)` runs after stage i is registered (ACL registers its CODE
-    block there, so parameter order is stage, block, stage, ...). Returns the output channels."""
+    block there, so parameter order is stage, block, stage, ...). `zero_init_residual`: every stage block's
+    last BN starts at scale 0 (see Bottleneck). Returns the output channels."""
     module.conv1 = MetaConv2d(3, base_width, 7, stride=2, padding=3)
     module.bn1 = MetaBatchNorm(base_width)
     inplanes = base_width
     for i, (n, stride) in enumerate(zip(blocks, (1, 2, 2, last_stride))):
         planes = base_width * 2 ** i
         norm = "IBN" if with_ibn and i < 3 else "BN"
-        setattr(module, "layer%d" % (i + 1), make_stage(inplanes, planes, n, stride, norm))
+        setattr(module, "layer%d" % (i + 1), make_stage(inplanes, planes, n, stride, norm, zero_init_residual))
         inplanes = planes * Bottleneck.expansion
         if after_stage is not None:
             after_stage(i, inplanes)
@@ -99,12 +104,13 @@ def stem_forward(module, x):
 class ResNet(nn.Module):
     """Plain ResNet-50 (optionally IBN-a in stages 1-3). forward(x) -> (feature map, None)."""
 
-    def __init__(self, base_width=64, last_stride=1, with_ibn=False, blocks=RESNET50_BLOCKS):
+    def __init__(self, base_width=64, last_stride=1, with_ibn=False, blocks=RESNET50_BLOCKS, zero_init_residual=False):
         super().__init__()
         check_width(base_width)
         check_stride(last_stride)
         self.base_width, self.with_ibn, self.blocks = base_width, with_ibn, tuple(blocks)
-        self.feat_dim = add_stem_and_stages(self, base_width, last_stride, with_ibn, self.blocks)
+        self.feat_dim = add_stem_and_stages(self, base_width, last_stride, with_ibn, self.blocks,
+                                            zero_init_residual=zero_init_residual)
 
     def stem(self, x):
         return stem_forward(self, x)
