@@ -66,9 +66,13 @@ def test_train_forward_and_running_statistics_compiled_equal_op_by_op(model):
         return out["features"], out["neck_feat"], out["feat_norm"], out["center_dist"], out["paths"], out["logits"][1]
     with bn_mode(model, "general"):
         got = compat.jit.compiled(train_forward, "test_train_forward")(x)
+    # MSAdapter: both paths run the same kernels (measured 0). mindtorch on MindSpore 2.6 cannot compile the
+    # fused instance-norm variant, so its compiled instance norm is reductions (compat/norm.py): measured
+    # 3.0e-5 on the features and 2.8e-4 on the running statistics there (float32 summation order).
+    tol = 1e-4 if compat.IS_MINDTORCH else 1e-5
     for name, value in zip(("features", "neck_feat", "feat_norm", "center_dist", "paths", "logits1"), got):
         err = _rel(compat.to_numpy(value), ref[name])
-        assert err < 1e-5, (name, err)
+        assert err < tol, (name, err)
     stats = compat.checkpoint.state_dict(model)
     # per tensor, the compiled update against the op-by-op update (from the same start), L2-relative: a
     # skipped or half-size update fails by far (error 1 / 0.5). Compiled and op by op run the same kernels
@@ -82,7 +86,7 @@ def test_train_forward_and_running_statistics_compiled_equal_op_by_op(model):
         errors[name] = np.linalg.norm(got_update - ref_update) / np.linalg.norm(ref_update)
     worst = max(errors, key=errors.get)
     print("worst running-statistics update error %.2e (%s)" % (errors[worst], worst))
-    assert errors[worst] < 1e-5, (worst, errors[worst])
+    assert errors[worst] < (1e-3 if compat.IS_MINDTORCH else 1e-5), (worst, errors[worst])
 
 
 def test_extract_features_compiled_equals_op_by_op(model):

@@ -51,8 +51,15 @@ def _launch(out, args, nproc=2):
 
 
 def _single(out, args):
-    proc = subprocess.run([sys.executable, CHILD, out] + list(args), cwd=ROOT, capture_output=True, text=True,
-                          timeout=1200)
+    """The one-process reference run. MindSpore 2.0's PyNative runtime rarely dies of a segmentation fault in
+    native code (README, Known limitations; seen once in this test's reference run and not again in three
+    repeats): a run killed by a signal is repeated once from scratch, anything else fails the test."""
+    for attempt in range(2):
+        proc = subprocess.run([sys.executable, CHILD, out] + list(args), cwd=ROOT, capture_output=True, text=True,
+                              timeout=1200)
+        if proc.returncode >= 0:
+            break
+        print("reference run killed by signal %d; repeating it once" % -proc.returncode)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
