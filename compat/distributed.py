@@ -68,7 +68,7 @@ class Group:
 
     # ------------------------------------------------------------------ collectives
     def _all_reduce_sum(self, flat):
-        """Sum of a 1-D float32 tensor over the ranks (a new tensor on MindSpore, in place on torch)."""
+        """Sum of a 1-D float32 (float64) tensor over the ranks (a new tensor on MindSpore, in place on torch)."""
         if _c.IS_MINDSPORE:
             return _c.torch.cast_to_adapter_tensor(_ms_all_reduce()(flat))
         import torch.distributed as dist
@@ -84,7 +84,9 @@ class Group:
         torch = _c.torch
         present = [i for i, t in enumerate(tensors) if t is not None]
         shapes = [tuple(tensors[i].shape) for i in present]
-        flat = torch.cat([tensors[i].flatten().float() for i in present], 0)
+        # float32, or float64 when any tensor is (the all-reduce then loses nothing)
+        wide = any(tensors[i].dtype == torch.float64 for i in present)
+        flat = torch.cat([tensors[i].flatten().to(torch.float64 if wide else torch.float32) for i in present], 0)
         flat = self._all_reduce_sum(flat) / float(self.world_size)
         out, start = list(tensors), 0
         for i, shape in zip(present, shapes):

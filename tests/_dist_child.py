@@ -3,13 +3,14 @@ reid.engine.distributed.launch) or the single reference process. Trains the tiny
 iterations without hooks and records, after every step, the loss and every parameter and buffer.
 
     python tests/_dist_child.py OUT_DIR DATA_ROOT ITERATIONS [--resume] [--save-at I] [--die-rank R --die-at I]
-        [--record DIR | --follow DIR] [--max-restarts 0] [KEY VALUE ...]
+        [--record DIR | --follow DIR] [--float64] [--max-restarts 0] [KEY VALUE ...]
 
 --save-at I: rank 0 saves a checkpoint (the one --resume continues from) after iteration I.
 --die-at I: rank R kills itself with SIGKILL at the start of iteration I (a crashed rank).
 --record DIR: save the full training state before every step (and the fast-weight steps of meta steps) in
 DIR; --follow DIR: load that state before every step and take the recorded fast-weight steps (teacher
 forcing: every step of the following run starts where the recording run's did).
+--float64 (torch only): parameters, buffers, images and the gradient all-reduce in float64.
 Writes OUT_DIR/steps_rank<R>.npz (kinds, losses, weights, buffers after every step, and with --record the
 weights before every step) and OUT_DIR/world_rank<R>.txt.
 """
@@ -35,6 +36,7 @@ def main():
     p.add_argument("--die-at", type=int, default=-1)
     p.add_argument("--record", default=None)
     p.add_argument("--follow", default=None)
+    p.add_argument("--float64", action="store_true")
     p.add_argument("--max-restarts", type=int, default=0)  # what the launcher appends for train.py
     p.add_argument("opts", nargs="*")
     args = p.parse_intermixed_args()
@@ -45,11 +47,21 @@ def main():
     from reid.modeling.utils import named_state
     from tests.test_training import NO_AUG, TINY, _load_step_state, _step_state
 
+    if args.float64:  # torch only: the default dtype makes every parameter, buffer and new tensor float64
+        compat.torch.set_default_dtype(compat.torch.float64)
     group = compat.distributed.init()
     cfg = load_cfg(os.path.join(ROOT, "configs", "synthetic", "acl.yml"),
                    TINY + NO_AUG + ["DATASETS.ROOT", args.root, "OUTPUT_DIR", args.out] + list(args.opts))
     trainer = Trainer(cfg, resume=args.resume, quiet=True)
     params = [name for name, _ in trainer.model.named_parameters()]
+    if args.float64:
+        trainer.model.double()  # (the initialisation writes float32 arrays into the parameters)
+        steps = trainer.steps
+
+        def float64_steps(kind, batch, present, fast=None):
+            return steps(kind, {k: v.double() if v.is_floating_point() else v for k, v in batch.items()},
+                         present, fast)
+        trainer.steps = float64_steps
     records = {"kinds": [], "losses": [], "weights": [], "buffers": [], "before": []}
 
     def weights():
