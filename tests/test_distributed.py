@@ -4,8 +4,8 @@ run, a killed rank, and the launcher's errors. Each rank is a process running te
 tiny test model of test_training.py, no hooks) started by reid.engine.distributed.launch, the code behind
 train.py --nproc: torchrun on torch, scheduler + workers on MindSpore.
 
-Cost on a loaded 2-core CPU (each run starts 2 or 3 processes that import the framework): torch ~3.5 min for
-the file (the float64 comparison ~1.2 of them); MindSpore 1.5-2.5 min for the step comparison (7.5 min while
+Cost on a loaded 2-core CPU (each run starts 2 or 3 processes that import the framework): torch 2-3.5 min for
+the file (the float64 comparison ~1 of them); MindSpore 1.5-2.5 min for the step comparison (7.5 min while
 other heavy jobs ran) and ~5 min for the kill + resume scenario (skipped unless REID_DIST_FULL=1,
 `make test-dist`)."""
 import os
