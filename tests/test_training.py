@@ -209,7 +209,9 @@ def test_demo_recipe_steps_match_between_backends(synth_root, tmp_path):
     1 within 1% over the steps: a step shrunk or stretched on every step (a momentum, weight-decay, lr-factor
     or schedule difference) adds up over the demo's 175 iterations while each single step stays inside its
     bound. (Measured at the demo's own batch of 64 over 41 steps: projection 1.000 ± 0.0006, update error at
-    most 0.6%; free-running, the two backends' trajectories still separate from iteration ~3 on, README.)"""
+    most 0.6%; here 1.00001, 90 s on a loaded 2-core machine. MindSpore's SGD lr scaled by 0.97 gives 0.970 and
+    fails here while passing every per-step bound. Free-running, the trajectories still separate from
+    iteration ~3 on: README, what to expect.)"""
     extra = demo_recipe_overrides() + ["MODEL.NUM_SPLITS", "1", "SOLVER.MAX_EPOCH", "10"]
     iterations = 10
     weights = str(tmp_path / "init.pth")
