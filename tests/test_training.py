@@ -201,6 +201,9 @@ def demo_recipe_overrides():
 
 @pytest.mark.parity
 @pytest.mark.slow
+@skip_on_mindtorch("144 CPU-s, 130 s; passes there, projection 1.00001", "step parity there is "
+                   "test_steps_match_between_backends[2-7]; this one adds the demo recipe's solver and init, which "
+                   "go through the same optimizer and norm code")
 def test_demo_recipe_steps_match_between_backends(synth_root, tmp_path):
     """The step comparison above on the demo's recipe (zero-initialised residual scales, its learning rate with
     the heads' factor, its schedule), which the parity bounds above were not measured on: 10 iterations (2 + 9
