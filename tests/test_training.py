@@ -188,6 +188,58 @@ def case_read(path):
     return dict(checkpoint.load(path))
 
 
+def demo_recipe_overrides():
+    """The demo's own solver and init, read from configs/synthetic/acl.yml (TINY pins the original's), so that
+    the step comparison below follows the recipe when it is retuned."""
+    from reid.config import load_cfg
+    cfg = load_cfg(str(ROOT / "configs" / "synthetic" / "acl.yml"), [])
+    s = cfg.SOLVER
+    return ["SOLVER.BASE_LR", str(s.BASE_LR), "SOLVER.HEADS_LR_FACTOR", str(s.HEADS_LR_FACTOR),
+            "SOLVER.SCHED", s.SCHED, "SOLVER.STEPS", str(list(s.STEPS)),
+            "MODEL.BACKBONE.ZERO_INIT_RESIDUAL", str(cfg.MODEL.BACKBONE.ZERO_INIT_RESIDUAL)]
+
+
+@pytest.mark.parity
+@pytest.mark.slow
+@skip_on_mindtorch("144 CPU-s, 130 s; passes there, projection 1.00001", "step parity there is "
+                   "test_steps_match_between_backends[2-7]; this one adds the demo recipe's solver and init, which "
+                   "go through the same optimizer and norm code")
+def test_demo_recipe_steps_match_between_backends(synth_root, tmp_path):
+    """The step comparison above on the demo's recipe (zero-initialised residual scales, its learning rate with
+    the heads' factor, its schedule), which the parity bounds above were not measured on: 10 iterations (2 + 9
+    basic steps, 4 meta), teacher-forced, the lr past warmup from iteration 4. Besides the loss and the
+    per-step update bounds, the MindSpore update's projection on torch's, Δθ_ms·Δθ_pt / ‖Δθ_pt‖², must average
+    1 within 1% over the steps: a step shrunk or stretched on every step (a momentum, weight-decay, lr-factor
+    or schedule difference) adds up over the demo's 175 iterations while each single step stays inside its
+    bound. (Measured at the demo's own batch of 64 over 41 steps: projection 1.000 ± 0.0006, update error at
+    most 0.6%; here 1.00001, 90 s on a loaded 2-core machine. MindSpore's SGD lr scaled by 0.97 gives 0.970 and
+    fails here while passing every per-step bound. Free-running, the trajectories still separate from
+    iteration ~3 on: README, what to expect.)"""
+    extra = demo_recipe_overrides() + ["MODEL.NUM_SPLITS", "1", "SOLVER.MAX_EPOCH", "10"]
+    iterations = 10
+    weights = str(tmp_path / "init.pth")
+    states = tmp_path / "states"
+    states.mkdir()
+    run_cases("torch", [("tests.test_training:case_initial_weights",
+                         dict(root=synth_root, out=str(tmp_path / "init"), path=weights, extra=extra))])
+    kwargs = dict(root=synth_root, weights=weights, iterations=iterations, extra=extra, state_dir=str(states))
+    pt = run_cases("torch", [("tests.test_training:case_steps", dict(kwargs, out=str(tmp_path / "pt")))])[0]
+    ms = run_cases("mindspore", [("tests.test_training:case_steps",
+                                  dict(kwargs, out=str(tmp_path / "ms"), follow=True))])[0]
+    assert ms["kinds"] == pt["kinds"] and pt["kinds"].count("meta") == 4
+    assert min(pt["lrs"][4:]) == max(pt["lrs"][4:]) > 0.05      # the demo's full rate after warmup
+    np.testing.assert_allclose(ms["losses"], pt["losses"], rtol=1e-3)
+    projections = []
+    for step, (start, got, ref) in enumerate(zip(pt["before"], ms["after"], pt["after"])):
+        assert_update_matches(start, got, ref, *STEP_TOLS[1], label="step %d (%s)" % (step, pt["kinds"][step]))
+        d_ref = np.concatenate([(ref[n].astype(np.float64) - start[n]).ravel() for n in sorted(ref)])
+        d_got = np.concatenate([(got[n].astype(np.float64) - start[n]).ravel() for n in sorted(ref)])
+        projections.append(float(d_got @ d_ref / (d_ref @ d_ref)))
+    print("update projections: mean %.5f, range %.5f..%.5f" % (np.mean(projections), min(projections),
+                                                               max(projections)))
+    assert abs(np.mean(projections) - 1.0) < 0.01, projections
+
+
 @skip_on_mindtorch("201 CPU-s", "resume there is test_checkpoint_written_by_torch_resumes_on_mindspore: a "
                    "checkpoint resumed on that stack draws the same batches and makes the same first update as torch")
 def test_resume_continues_the_same_trajectory(synth_root, tmp_path):
