@@ -119,7 +119,11 @@ class StepFunctions:
                 return step_objective(kind, out, {"targets": targets, "domains": domains, "present": present},
                                       settings, offsets, num_splits)
             name = "%s_loss_%s" % (kind, "_".join(str(c) for c in counts))
-            return compat.jit.value_and_grad(loss, self.params, name)
+            # what the graph bakes in, naming its compile-cache entry (compat/jit.py); none without a model key
+            model_key = getattr(model, "graph_key", None)
+            key = None if model_key is None else repr((kind, BN_MODES[kind], counts, sorted(settings.items()), offsets,
+                                                         num_splits, self.names)) + "\n" + model_key
+            return compat.jit.value_and_grad(loss, self.params, name, owner=model, key=key)
 
         present = key
         name = "%s_loss_%s" % (kind, signature(present))
