@@ -48,25 +48,23 @@ graphs would never load in test.py (`_fixed_dependencies`). So here a graph is c
 names its `owner` (the module whose parameters and buffers it reads) and a `key` (the Python state it bakes
 in), and each graph gets a directory of its own, named by a hash of that key, its name, its inputs' shapes
 and dtypes, the owner's parameter names and shapes, the MindSpore / torch-API versions and the source of
-compat/ and reid/: any change there builds (and saves) anew. Graphs without a key are saved to a scratch
-directory that no other process reads (MindSpore cannot switch its cache off again once on).
+compat/ and reid/: any change there builds (and saves) anew. The cache is on only while such a graph is
+built. Graphs MindSpore cannot write to its cache (the training-step graphs: "Cannot export a interpret node
+in MindIR") are built again without it: MODEL.JIT's graphs are therefore not given a key.
 
 The CPU kernel pool is sized to the machine's cores when compat is imported (`set_threads`; MindSpore's
 default is 30 threads whatever the machine), overridable with REID_NUM_THREADS or MODEL.NUM_THREADS.
 """
-import atexit
 import functools
 import hashlib
 import os
-import shutil
-import tempfile
 import time
 
 import numpy as np
 
 import compat as _c
 
-_state = {"graph": False, "threads": None, "cache_dir": None, "cache_on": False, "scratch": None, "source": None}
+_state = {"graph": False, "threads": None, "cache_dir": None, "source": None}
 log = print  # replaced by callers that log elsewhere; the compile-time line is printed once per graph
 
 
@@ -238,13 +236,6 @@ def _graph_dir(name, owner, key, args):
     return os.path.join(_state["cache_dir"], "%s-%s" % (name, digest))
 
 
-def _scratch_dir():
-    if _state["scratch"] is None:
-        _state["scratch"] = tempfile.mkdtemp(prefix="reid-graphs-")
-        atexit.register(shutil.rmtree, _state["scratch"], True)
-    return _state["scratch"]
-
-
 def _cache_files(folder):
     """{path: (mtime, size)} of the graph files under `folder`: unchanged by a first call = loaded, not built
     (a graph that fails to load is built and its file written again)."""
@@ -265,23 +256,28 @@ def _fixed_dependencies():
     api._get_compile_cache_dep_files = lambda: [os.path.abspath(__file__)]
 
 
-def _point_cache(name, owner, key, args):
-    """Before building a graph: aim MindSpore's compile cache at this graph's own directory (cached graphs)
-    or at the process's scratch directory (the others, once the cache is on). Returns the directory used
-    for a cached graph, else None."""
-    import mindspore
-    cached = _state["cache_dir"] is not None and owner is not None and key is not None
-    if not cached and not _state["cache_on"]:
+def _cache_on(name, owner, key, args):
+    """Before building a cached graph (a cache folder is set, and the caller named an owner and a key): switch
+    MindSpore's compile cache on, aimed at this graph's own folder, with the owner's weights registered.
+    Returns that folder, else None (cache left off)."""
+    if _state["cache_dir"] is None or owner is None or key is None:
         return None
-    folder = _graph_dir(name, owner, key, args) if cached else _scratch_dir()
-    if cached:
-        from mindspore._c_expression import GraphExecutor_
-        GraphExecutor_.get_instance().set_weights_values(_weights(owner))
-    if not _state["cache_on"]:
-        _fixed_dependencies()
+    import mindspore
+    from mindspore._c_expression import GraphExecutor_
+    folder = _graph_dir(name, owner, key, args)
+    _fixed_dependencies()
+    GraphExecutor_.get_instance().set_weights_values(_weights(owner))
     mindspore.set_context(enable_compile_cache=True, compile_cache_path=folder)
-    _state["cache_on"] = True
-    return folder if cached else None
+    return folder
+
+
+def _cache_off():
+    """After building a cached graph: the cache off again, so that no other graph is saved or loaded. (The
+    context flag alone does not do it: MindSpore caches while the executor holds dependency files.)"""
+    import mindspore
+    from mindspore._c_expression import GraphExecutor_
+    mindspore.set_context(enable_compile_cache=False)
+    GraphExecutor_.get_instance().set_compile_cache_dep_files([])
 
 
 class _Timed:
@@ -296,22 +292,29 @@ class _Timed:
         if self.compile_seconds is not None:
             return self.jitted(*args)
         start = time.perf_counter()
-        folder = _point_cache(self.name, self.owner, self.key, args)
+        folder = _cache_on(self.name, self.owner, self.key, args)
         before = _cache_files(folder) if folder else {}
+        note = "; cached in %s" % folder if folder else ""
         _state["graph"] = True
         try:
             out = self.jitted(*args)
+        except RuntimeError as exc:
+            if folder is None or "export" not in str(exc):
+                raise
+            # MindSpore could not write this graph to the cache (e.g. "Cannot export a interpret node in
+            # MindIR"): build it again without the cache
+            _cache_off()
+            folder, note = None, "; not cacheable (%s)" % str(exc).strip().splitlines()[0]
+            out = self.jitted(*args)
         finally:
             _state["graph"] = False
-            if _state["cache_on"]:  # later graphs without a key must not land in (or load from) this one's folder
-                import mindspore
-                mindspore.set_context(compile_cache_path=_scratch_dir())
+            if folder is not None:
+                _cache_off()
         self.compile_seconds = time.perf_counter() - start
         self.loaded = bool(folder) and bool(before) and _cache_files(folder) == before
         if log is not None:
             how = "loaded from the compile cache" if self.loaded else "compiled"
-            log("%s graph %s in %.1f s (first call included)%s" % (how, self.name, self.compile_seconds,
-                                                                   "; cached in %s" % folder if folder else ""))
+            log("%s graph %s in %.1f s (first call included)%s" % (how, self.name, self.compile_seconds, note))
         return out
 
 

@@ -119,11 +119,9 @@ class StepFunctions:
                 return step_objective(kind, out, {"targets": targets, "domains": domains, "present": present},
                                       settings, offsets, num_splits)
             name = "%s_loss_%s" % (kind, "_".join(str(c) for c in counts))
-            # what the graph bakes in, naming its compile-cache entry (compat/jit.py); none without a model key
-            model_key = getattr(model, "graph_key", None)
-            key = None if model_key is None else repr((kind, BN_MODES[kind], counts, sorted(settings.items()), offsets,
-                                                         num_splits, self.names)) + "\n" + model_key
-            return compat.jit.value_and_grad(loss, self.params, name, owner=model, key=key)
+            # No compile cache (no owner / key): MindSpore 2.0 cannot write these graphs to it ("Cannot export
+            # a interpret node in MindIR", measured), so a cached build would fail and be repeated uncached.
+            return compat.jit.value_and_grad(loss, self.params, name)
 
         present = key
         name = "%s_loss_%s" % (kind, signature(present))
