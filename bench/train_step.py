@@ -16,15 +16,13 @@ timed calls (the warm-up time printed includes the compiled graphs' build). Each
 so the peak resident memory printed is that variant's own.
 
     python bench/train_step.py [--sizes demo,full-b8,full] [--repeats 3] [--stacks msadapter,mindtorch]
-        [--compile-cache] [--memory-level O1] [--variants mindspore-compiled,torch] [--basic-only] [--max-rss-gb 16]
+        [--memory-level O1] [--variants mindspore-compiled,torch] [--basic-only] [--max-rss-gb 16]
 
 Besides each variant's peak resident memory, the peak after its first basic step is printed (compiled: after
-building one graph, the basic step's). `--compile-cache` keeps the compiled run's graphs in a compile cache and
-adds a second compiled run that loads them ('-compiled-warm': its warm-up is the graphs' loading, its memory
-the run without graph building). A watchdog kills a run whose resident memory exceeds `--max-rss-gb` (default
-16 GB: the machines this was written on have 24 GiB, shared), reported as "exceeds N GB".
-
-`--stacks msadapter,mindtorch` times both MindSpore stacks (.venv, .venv-mindtorch) against torch in one run.
+building one graph, the basic step's), the resident memory after the warm-up, and the peak of the timed steps
+alone (the high-water mark is reset after the warm-up: no graph is built then). A watchdog kills a run whose
+resident memory exceeds `--max-rss-gb` (default 16 GB: the machines this was written on have 24 GiB,
+shared), reported as "exceeds N GB".
 """
 import os
 import sys
@@ -62,22 +60,29 @@ def warm_up(trainer, max_meta_steps=30):
     return sorted(seen)
 
 
-def _peak_rss_mb():
+def _status_mb(field):
     with open("/proc/self/status") as fh:
-        return next(int(line.split()[1]) / 1024.0 for line in fh if line.startswith("VmHWM:"))
+        return next(int(line.split()[1]) / 1024.0 for line in fh if line.startswith(field + ":"))
 
 
-def measure(overrides, root, repeats, jit=False, cache=None, memory_level=None, steps=("basic", "meta")):
+def _peak_rss_mb():
+    return _status_mb("VmHWM")
+
+
+def _reset_peak_rss():
+    """Start the peak-RSS high-water mark again from the current RSS (Linux: clear_refs 5)."""
+    with open("/proc/self/clear_refs", "w") as fh:
+        fh.write("5")
+
+
+def measure(overrides, root, repeats, jit=False, memory_level=None, steps=("basic", "meta")):
     """Seconds per step (median of `repeats`) after the warm-up, the warm-up's seconds, and the peak resident
     memory after the first basic step alone (compiled: one graph) as well as at the end (the runner adds it).
-    `cache`: compile-cache folder (compat.jit.set_cache_dir); `memory_level`: MindSpore's
-    memory_optimize_level; `steps`: ("basic",) times basic steps only and warms up nothing else."""
+    `memory_level`: MindSpore's memory_optimize_level; `steps`: ("basic",) times basic steps only and warms
+    up nothing else."""
     import time
-    import compat
     from reid.config import load_cfg
     from reid.engine.trainer import Trainer
-    if cache:
-        compat.jit.set_cache_dir(cache)
     if memory_level:
         import mindspore
         mindspore.set_context(memory_optimize_level=memory_level)
@@ -93,15 +98,16 @@ def measure(overrides, root, repeats, jit=False, cache=None, memory_level=None, 
     warmed = warm_up(trainer) if "meta" in steps else []
     warm = time.perf_counter() - start
     calls = {"basic": trainer.basic_step, "meta": trainer.meta_step}
+    rss_after_warm_up = _status_mb("VmRSS")
+    _reset_peak_rss()  # the timed steps' own peak: no graph is built any more
     result = median_seconds([(step, calls[step]) for step in steps], repeats)
     result.update(layer=layer_name(), warm_up_s=warm, first_basic_s=first_basic, warmed_domains=warmed,
-                  peak_rss_basic_mb=peak_one)
+                  peak_rss_basic_mb=peak_one, rss_after_warm_up_mb=rss_after_warm_up,
+                  peak_rss_steps_mb=_peak_rss_mb())
     return result
 
 
 def _options(parser):
-    parser.add_argument("--compile-cache", action="store_true", help="compiled runs keep their graphs in a compile "
-                        "cache, and a second compiled run ('-compiled-warm') loads them from it")
     parser.add_argument("--memory-level", default="", help="MindSpore memory_optimize_level of the compiled runs "
                         "(O0: MindSpore's default, O1: its SOMAS memory planner)")
     parser.add_argument("--variants", default="", help="comma-separated labels to run (default: all), e.g. "
@@ -118,13 +124,8 @@ def main():
         compiled = {"jit": True}
         if args.memory_level:
             compiled["memory_level"] = args.memory_level
-        if args.compile_cache:
-            compiled["cache"] = os.path.join(root, "compile_cache")
-        extra = {"-compiled": compiled}
-        if args.compile_cache:
-            extra["-compiled-warm"] = compiled
-        # per MindSpore stack: op by op and compiled (MODEL.JIT), then the compiled run on the filled cache
-        variants = stack_variants(args.stacks, extra)
+        # per MindSpore stack: op by op and compiled (MODEL.JIT)
+        variants = stack_variants(args.stacks, {"-compiled": compiled})
         if args.variants:
             variants = {k: v for k, v in variants.items() if k in args.variants.split(",")}
         common = {"steps": ("basic",)} if args.basic_only else {}
@@ -158,6 +159,12 @@ def main():
             print("%-7s peak RSS after the first basic step   %s   torch %7.0f MB" % (size, "   ".join(
                 "%s %7.0f MB" % (label, got[label]["peak_rss_basic_mb"]) for label in timed),
                 tr["peak_rss_basic_mb"]), flush=True)
+            print("%-7s RSS after the warm-up   %s   torch %7.0f MB" % (size, "   ".join(
+                "%s %7.0f MB" % (label, got[label]["rss_after_warm_up_mb"]) for label in timed),
+                tr["rss_after_warm_up_mb"]), flush=True)
+            print("%-7s peak RSS of the timed steps alone   %s   torch %7.0f MB" % (size, "   ".join(
+                "%s %7.0f MB" % (label, got[label]["peak_rss_steps_mb"]) for label in timed),
+                tr["peak_rss_steps_mb"]), flush=True)
             print("%-7s first basic step   %s   torch %5.1f s" % (size, "   ".join(
                 "%s %5.1f s" % (label, got[label]["first_basic_s"]) for label in timed), tr["first_basic_s"]),
                 flush=True)

@@ -120,6 +120,21 @@ def test_extract_features_default_is_compiled_and_equals_op_by_op(model, tmp_pat
     assert err < 1e-5, err
     assert len(list(cache.rglob("*.mindir"))) == 1, sorted(cache.rglob("*"))
 
+    # the graph reads the model's Parameters, not copies: after the weights change (as training changes them
+    # between evaluations) it follows them
+    start = compat.checkpoint.state_dict(model)
+    rng = np.random.RandomState(5)  # every float weight moved by ~10% (scale kept: 50 layers deep)
+    changed = {k: (v * (1 + 0.1 * rng.randn(*v.shape))).astype(v.dtype)
+               if "running_var" not in k and v.dtype == np.float32 else v for k, v in start.items()}
+    compat.checkpoint.load_state_dict(model, changed)
+    try:
+        moved_ref = extract_features(model, batches, flip=True, compiled=False)[0]
+        moved = extract_features(model, batches, flip=True)[0]
+    finally:
+        compat.checkpoint.load_state_dict(model, start)
+    assert _rel(moved_ref, ref) > 1e-2  # the change shows op by op...
+    assert _rel(moved, moved_ref) < 1e-5, _rel(moved, moved_ref)  # ...and compiled alike
+
     warm = _in_fresh_process("tests.test_compiled:warm_cache_case", cache=str(cache),
                              weights=compat.checkpoint.state_dict(model))
     assert warm["loaded"], warm["log"]
