@@ -314,7 +314,7 @@ class _Timed:
         self.loaded = bool(folder) and bool(before) and _cache_files(folder) == before
         if log is not None:
             how = "loaded from the compile cache" if self.loaded else "compiled"
-            log("%s graph %s in %.1f s (first call included)%s" % (how, self.name, self.compile_seconds, note))
+            log("graph %s %s in %.1f s (first call included)%s" % (self.name, how, self.compile_seconds, note))
         return out
 
 
