@@ -2,7 +2,7 @@
 never share the CPU), at full size (BASE_WIDTH 64, 256x128, batch 8, Protocol-2 class counts) and at demo size
 (configs/synthetic/acl.yml: BASE_WIDTH 8, 64x32, batch 64, NUM_SPLITS 1):
 
-  eval forward (what evaluation runs), one process each: MindSpore op by op, MindSpore compiled (MODEL.JIT,
+  eval forward (what evaluation runs), one process each: MindSpore op by op, MindSpore compiled (TEST.JIT,
       reid/evaluation/extract.py's path; its graph-building time is printed), torch; seconds per image, the
       ratio to torch, and each process's peak resident memory;
   train-mode forward and forward + backward w.r.t. every trainable parameter (compat.value_and_grad), op by
@@ -58,7 +58,7 @@ def measure(width, height, batch, splits, classes, repeats, parts=TRAIN_PARTS + 
     cfg.MODEL.BACKBONE.BASE_WIDTH = width
     cfg.MODEL.HEADS.NUM_CLASSES = list(classes)
     cfg.MODEL.NUM_SPLITS = splits
-    cfg.MODEL.JIT = bool(jit)
+    cfg.TEST.JIT = bool(jit)
     np.random.seed(0)
     model = build_model(cfg)
     model.train()
@@ -74,8 +74,8 @@ def measure(width, height, batch, splits, classes, repeats, parts=TRAIN_PARTS + 
         model.eval()
         try:
             with compat.no_grad():
-                # as extract_features runs it: the compiled forward when model.jit (MindSpore), else the model
-                run = _compiled_forward(model) if model.jit else model
+                # as extract_features runs it: the compiled forward when model.jit_eval (MindSpore), else the model
+                run = _compiled_forward(model) if model.jit_eval else model
                 return compat.to_numpy(run(images))
         finally:
             model.train()

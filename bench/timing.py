@@ -25,11 +25,13 @@ def median_seconds(named_calls, repeats):
 STACK_ENVS = {"msadapter": ".venv", "mindtorch": ".venv-mindtorch"}
 
 
-def size_args(doc, sizes, default=None):
+def size_args(doc, sizes, default=None, extra=None):
     """The benchmarks' common command line: --sizes (comma-separated keys of `sizes`; all unless `default`),
-    --repeats and --stacks."""
+    --repeats and --stacks; `extra(parser)` adds a benchmark's own options."""
     import argparse
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    if extra is not None:
+        extra(parser)
     parser.add_argument("--sizes", default=default or ",".join(sizes), help="comma-separated: %s" % ", ".join(sizes))
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--stacks", default="", help="comma-separated MindSpore stacks to time, each against "
@@ -69,9 +71,11 @@ def on_both_backends(target, kwargs, variants=None):
             for label, v in variants.items()}
 
 
-def run_isolated(backend, target, kwargs, timeout=3600, python=None):
+def run_isolated(backend, target, kwargs, timeout=3600, python=None, max_rss_mb=None):
     """The result of `target(**kwargs)` in a new process of `backend`'s environment (or of the interpreter
-    `python`), with its peak RSS."""
+    `python`), with its peak RSS. `max_rss_mb`: a watchdog polls the process's resident memory and kills it
+    above that (an address-space limit would not do: MindSpore reserves far more than it touches); the result
+    is then {"killed_above_mb": max_rss_mb, "peak_rss_mb": the last reading}."""
     import os
     import pickle
     import subprocess
@@ -88,13 +92,53 @@ def run_isolated(backend, target, kwargs, timeout=3600, python=None):
         with open(src, "wb") as fh:
             pickle.dump([("bench.timing:with_peak_rss", {"target": target, "kwargs": kwargs})], fh, protocol=4)
         env = dict(os.environ, REID_BACKEND=backend, PYTHONPATH=str(ROOT))
-        proc = subprocess.run([str(python), str(ROOT / "tests" / "_crossenv_child.py"), str(src), str(dst)],
-                              cwd=str(ROOT), env=env, capture_output=True, text=True, timeout=timeout)
+        command = [str(python), str(ROOT / "tests" / "_crossenv_child.py"), str(src), str(dst)]
+        if max_rss_mb:
+            killed = _watched(command, env, timeout, max_rss_mb, Path(tmp))
+            if killed is not None:
+                return {"killed_above_mb": max_rss_mb, "peak_rss_mb": killed}
+            proc = subprocess.CompletedProcess(command, 0, "", (Path(tmp) / "stderr").read_text())
+        else:
+            proc = subprocess.run(command, cwd=str(ROOT), env=env, capture_output=True, text=True, timeout=timeout)
         if proc.returncode != 0:
             raise RuntimeError("%s run of %s failed (rc %d):\n%s" % (backend, target, proc.returncode,
                                                                       proc.stderr[-4000:]))
         with open(dst, "rb") as fh:
             return pickle.load(fh)[0]
+
+
+def _rss_mb(pid):
+    try:
+        with open("/proc/%d/status" % pid) as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return 0.0
+
+
+def _watched(command, env, timeout, max_rss_mb, tmp):
+    """Run `command`, polling its resident memory twice a second: kill it above `max_rss_mb` and return the
+    reading, else None once it ends (a non-zero exit raises, with its stderr)."""
+    import subprocess
+    from tests.crossenv import ROOT
+    with open(tmp / "stderr", "w") as err:
+        proc = subprocess.Popen(command, cwd=str(ROOT), env=env, stdout=subprocess.DEVNULL, stderr=err)
+        start = time.time()
+        while proc.poll() is None:
+            rss = _rss_mb(proc.pid)
+            if rss > max_rss_mb:
+                proc.kill()
+                proc.wait()
+                return rss
+            if time.time() - start > timeout:
+                proc.kill()
+                raise RuntimeError("run timed out after %d s" % timeout)
+            time.sleep(0.5)
+    if proc.returncode != 0:
+        raise RuntimeError("run failed (rc %d):\n%s" % (proc.returncode, (tmp / "stderr").read_text()[-4000:]))
+    return None
 
 
 def with_peak_rss(target, kwargs):

@@ -16,8 +16,13 @@ timed calls (the warm-up time printed includes the compiled graphs' build). Each
 so the peak resident memory printed is that variant's own.
 
     python bench/train_step.py [--sizes demo,full-b8,full] [--repeats 3] [--stacks msadapter,mindtorch]
+        [--memory-level O1] [--variants mindspore-compiled,torch] [--basic-only] [--max-rss-gb 16]
 
-`--stacks msadapter,mindtorch` times both MindSpore stacks (.venv, .venv-mindtorch) against torch in one run.
+Besides each variant's peak resident memory, the peak after its first basic step is printed (compiled: after
+building one graph, the basic step's), the resident memory after the warm-up, and the peak of the timed steps
+alone (the high-water mark is reset after the warm-up: no graph is built then). A watchdog kills a run whose
+resident memory exceeds `--max-rss-gb` (default 16 GB: the machines this was written on have 24 GiB,
+shared), reported as "exceeds N GB".
 """
 import os
 import sys
@@ -26,7 +31,7 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from bench.timing import layer_name, median_seconds, on_both_backends, size_args, stack_variants  # noqa: E402
+from bench.timing import layer_name, median_seconds, run_isolated, size_args, stack_variants  # noqa: E402
 
 SIZES = {
     "demo": ["MODEL.BACKBONE.BASE_WIDTH", "8", "INPUT.SIZE_TRAIN", "[64,32]", "SOLVER.IMS_PER_BATCH", "64",
@@ -55,40 +60,95 @@ def warm_up(trainer, max_meta_steps=30):
     return sorted(seen)
 
 
-def measure(overrides, root, repeats, jit=False):
+def _status_mb(field):
+    with open("/proc/self/status") as fh:
+        return next(int(line.split()[1]) / 1024.0 for line in fh if line.startswith(field + ":"))
+
+
+def _peak_rss_mb():
+    return _status_mb("VmHWM")
+
+
+def _reset_peak_rss():
+    """Start the peak-RSS high-water mark again from the current RSS (Linux: clear_refs 5)."""
+    with open("/proc/self/clear_refs", "w") as fh:
+        fh.write("5")
+
+
+def measure(overrides, root, repeats, jit=False, memory_level=None, steps=("basic", "meta")):
+    """Seconds per step (median of `repeats`) after the warm-up, the warm-up's seconds, and the peak resident
+    memory after the first basic step alone (compiled: one graph) as well as at the end (the runner adds it).
+    `memory_level`: MindSpore's memory_optimize_level; `steps`: ("basic",) times basic steps only and warms
+    up nothing else."""
     import time
     from reid.config import load_cfg
     from reid.engine.trainer import Trainer
+    if memory_level:
+        import mindspore
+        mindspore.set_context(memory_optimize_level=memory_level)
     cfg = load_cfg(os.path.join(ROOT, "configs", "synthetic", "acl.yml"),
                    COMMON + overrides + ["DATASETS.ROOT", root, "OUTPUT_DIR", os.path.join(root, "out"),
                                          "MODEL.JIT", str(bool(jit))])
     trainer = Trainer(cfg, quiet=True)
     trainer.iter = 1
     start = time.perf_counter()
-    warmed = warm_up(trainer)
+    trainer.basic_step()
+    first_basic = time.perf_counter() - start
+    peak_one = _peak_rss_mb()
+    warmed = warm_up(trainer) if "meta" in steps else []
     warm = time.perf_counter() - start
-    result = median_seconds((("basic", trainer.basic_step), ("meta", trainer.meta_step)), repeats)
-    result.update(layer=layer_name(), warm_up_s=warm, warmed_domains=warmed)
+    calls = {"basic": trainer.basic_step, "meta": trainer.meta_step}
+    rss_after_warm_up = _status_mb("VmRSS")
+    _reset_peak_rss()  # the timed steps' own peak: no graph is built any more
+    result = median_seconds([(step, calls[step]) for step in steps], repeats)
+    result.update(layer=layer_name(), warm_up_s=warm, first_basic_s=first_basic, warmed_domains=warmed,
+                  peak_rss_basic_mb=peak_one, rss_after_warm_up_mb=rss_after_warm_up,
+                  peak_rss_steps_mb=_peak_rss_mb())
     return result
 
 
+def _options(parser):
+    parser.add_argument("--memory-level", default="", help="MindSpore memory_optimize_level of the compiled runs "
+                        "(O0: MindSpore's default, O1: its SOMAS memory planner)")
+    parser.add_argument("--variants", default="", help="comma-separated labels to run (default: all), e.g. "
+                        "mindspore-compiled,torch where op by op does not fit in memory")
+    parser.add_argument("--basic-only", action="store_true", help="time basic steps only (one graph compiled)")
+    parser.add_argument("--max-rss-gb", type=float, default=16.0, help="kill a run whose resident memory exceeds "
+                        "this (default 16; 0: no watchdog); it is reported as 'exceeds N GB'")
+
+
 def main():
-    args = size_args(__doc__, SIZES, default="demo,full-b8")
-    # per MindSpore stack: op by op and compiled (MODEL.JIT)
-    variants = stack_variants(args.stacks, {"-compiled": {"jit": True}})
+    args = size_args(__doc__, SIZES, default="demo,full-b8", extra=_options)
     from reid.data.synthetic import ensure_synthetic
     with tempfile.TemporaryDirectory(prefix="bench-train-") as root:
+        compiled = {"jit": True}
+        if args.memory_level:
+            compiled["memory_level"] = args.memory_level
+        # per MindSpore stack: op by op and compiled (MODEL.JIT)
+        variants = stack_variants(args.stacks, {"-compiled": compiled})
+        if args.variants:
+            variants = {k: v for k, v in variants.items() if k in args.variants.split(",")}
+        common = {"steps": ("basic",)} if args.basic_only else {}
         ensure_synthetic(os.path.join(root, "synthetic"), seed=0, num_ids=80, domains=["SynthA", "SynthB", "SynthC"],
                          progress=False)
         layers = {}
         for size in args.sizes.split(","):
-            got = on_both_backends("bench.train_step:measure",
-                                   dict(overrides=SIZES[size], root=root, repeats=args.repeats), variants)
+            spec = dict(common, overrides=SIZES[size], root=root, repeats=args.repeats)
+            got = {label: run_isolated(v[0], "bench.train_step:measure", dict(spec, **v[1]), python=v[2],
+                                       max_rss_mb=args.max_rss_gb * 1024 if args.max_rss_gb else None)
+                   for label, v in variants.items()}
+            killed = {label for label in got if "killed_above_mb" in got[label]}
+            for label in sorted(killed):
+                print("%-7s %s: exceeds %.0f GB resident memory (killed at %.0f MB)" % (
+                    size, label, args.max_rss_gb, got[label]["peak_rss_mb"]), flush=True)
+            got = {k: v for k, v in got.items() if k not in killed}
+            if "torch" not in got:
+                continue
             for label in got:
                 layers[label] = got[label]["layer"]
             tr = got["torch"]
-            timed = [label for label in variants if label != "torch"]
-            for step in ("basic", "meta"):
+            timed = [label for label in got if label != "torch"]
+            for step in ("basic",) if args.basic_only else ("basic", "meta"):
                 print("%-7s %-5s step   %s   torch %7.2f s" % (size, step, "   ".join(
                     "%s %7.2f s (%5.2fx)" % (label, got[label][step], got[label][step] / tr[step])
                     for label in timed), tr[step]), flush=True)
@@ -96,10 +156,22 @@ def main():
                 "%s %7.0f MB (%5.2fx)" % (label, got[label]["peak_rss_mb"],
                                           got[label]["peak_rss_mb"] / tr["peak_rss_mb"])
                 for label in timed), tr["peak_rss_mb"]), flush=True)
+            print("%-7s peak RSS after the first basic step   %s   torch %7.0f MB" % (size, "   ".join(
+                "%s %7.0f MB" % (label, got[label]["peak_rss_basic_mb"]) for label in timed),
+                tr["peak_rss_basic_mb"]), flush=True)
+            print("%-7s RSS after the warm-up   %s   torch %7.0f MB" % (size, "   ".join(
+                "%s %7.0f MB" % (label, got[label]["rss_after_warm_up_mb"]) for label in timed),
+                tr["rss_after_warm_up_mb"]), flush=True)
+            print("%-7s peak RSS of the timed steps alone   %s   torch %7.0f MB" % (size, "   ".join(
+                "%s %7.0f MB" % (label, got[label]["peak_rss_steps_mb"]) for label in timed),
+                tr["peak_rss_steps_mb"]), flush=True)
+            print("%-7s first basic step   %s   torch %5.1f s" % (size, "   ".join(
+                "%s %5.1f s" % (label, got[label]["first_basic_s"]) for label in timed), tr["first_basic_s"]),
+                flush=True)
             print("%-7s warm-up      %s   torch %5.0f s   (meta-test domains %s)" % (size, "   ".join(
                 "%s %5.0f s" % (label, got[label]["warm_up_s"]) for label in timed),
                 tr["warm_up_s"], got["torch"]["warmed_domains"]), flush=True)
-    print("; ".join("%s: %s" % (k, v) for k, v in layers.items() if not k.endswith("-compiled")))
+    print("; ".join("%s: %s" % (k, v) for k, v in layers.items() if "-compiled" not in k))
 
 
 if __name__ == "__main__":

@@ -38,10 +38,25 @@ Every Parameter and buffer a graph touches must have a unique name: `prepare(mod
 there (see `state_buffer`). Tensor *methods* compile to MindSpore's own, whose keywords differ from torch's
 (`x.sum(1, keepdim=True)` fails at run time): use positional forms or compat helpers in compiled code.
 
+Compile cache (`set_cache_dir`, MODEL.COMPILE_CACHE): building a graph is mostly MindSpore's type inference
+over the Python source it parsed (~80% of the minute or more a demo-size graph takes), so a later process can
+load the graph MindSpore saved instead (its `enable_compile_cache`). That cache is unsafe as MindSpore ships it:
+it numbers graphs by the order a process compiles them and checks the source of only some files, so a graph
+can load another graph's file without any error, and a function's graph comes back with zero weights unless
+the weights are registered first; it also hashes the entry script and what it imports, so train.py's
+graphs would never load in test.py (`_fixed_dependencies`). So here a graph is cached only when its caller
+names its `owner` (the module whose parameters and buffers it reads) and a `key` (the Python state it bakes
+in), and each graph gets a directory of its own, named by a hash of that key, its name, its inputs' shapes
+and dtypes, the owner's parameter names and shapes, the MindSpore / torch-API versions and the source of
+compat/ and reid/: any change there builds (and saves) anew. The cache is on only while such a graph is
+built. Graphs MindSpore cannot write to its cache (the training-step graphs: "Cannot export a interpret node
+in MindIR") are built again without it: MODEL.JIT's graphs are therefore not given a key.
+
 The CPU kernel pool is sized to the machine's cores when compat is imported (`set_threads`; MindSpore's
 default is 30 threads whatever the machine), overridable with REID_NUM_THREADS or MODEL.NUM_THREADS.
 """
 import functools
+import hashlib
 import os
 import time
 
@@ -49,7 +64,7 @@ import numpy as np
 
 import compat as _c
 
-_state = {"graph": False, "threads": None}
+_state = {"graph": False, "threads": None, "cache_dir": None, "source": None}
 log = print  # replaced by callers that log elsewhere; the compile-time line is printed once per graph
 
 
@@ -172,30 +187,142 @@ def _split(out):
     return out, None
 
 
-class _Timed:
-    """Calls a mindspore.jit function; the first call builds the graph and logs how long that took."""
+def set_cache_dir(path):
+    """Keep compiled graphs that name an owner and a key under `path` (created on first use), for later
+    processes to load (module docstring); None: keep none. No-op on torch. Call it before the first graph."""
+    _state["cache_dir"] = os.path.abspath(os.path.expanduser(path)) if path else None
 
-    def __init__(self, jitted, name):
-        self.jitted, self.name, self.compile_seconds = jitted, name, None
+
+def cache_dir():
+    return _state["cache_dir"]
+
+
+def _source_digest():
+    """sha256 of every .py file of compat/ and reid/ (what a graph is parsed from), computed once."""
+    if _state["source"] is None:
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        digest = hashlib.sha256()
+        for package in ("compat", "reid"):
+            for folder, dirs, files in sorted(os.walk(os.path.join(root, package))):
+                dirs.sort()
+                for name in sorted(f for f in files if f.endswith(".py")):
+                    path = os.path.join(folder, name)
+                    digest.update(os.path.relpath(path, root).encode())
+                    with open(path, "rb") as fh:
+                        digest.update(hashlib.sha256(fh.read()).digest())
+        _state["source"] = digest.hexdigest()
+    return _state["source"]
+
+
+def _weights(owner):
+    """{name: Parameter} of `owner`'s parameters and Parameter buffers (running statistics), by the names
+    `prepare` gave them: what a graph loaded from the cache binds its weights to."""
+    import mindspore
+    weights = {}
+    for _, p in list(owner.named_parameters()) + list(owner.named_buffers()):
+        if isinstance(p, mindspore.Parameter):
+            weights[p.name] = p
+    return weights
+
+
+def _graph_dir(name, owner, key, args):
+    """The cache directory of one graph: its name and a hash of everything it depends on."""
+    import mindspore
+    info = _c.info()
+    parts = [name, key, mindspore.__version__, info["torch_api"], info["torch_api_version"], _source_digest()]
+    parts += ["%s %s %s" % (n, tuple(p.shape), p.dtype) for n, p in sorted(_weights(owner).items())]
+    parts += ["arg %s %s" % (tuple(a.shape), a.dtype) if hasattr(a, "shape") else "arg %r" % (a,) for a in args]
+    digest = hashlib.sha256("\n".join(str(p) for p in parts).encode()).hexdigest()[:20]
+    return os.path.join(_state["cache_dir"], "%s-%s" % (name, digest))
+
+
+def _cache_files(folder):
+    """{path: (mtime, size)} of the graph files under `folder`: unchanged by a first call = loaded, not built
+    (a graph that fails to load is built and its file written again)."""
+    found = {}
+    for sub, _, files in os.walk(folder):
+        for f in files:
+            if f.endswith(".mindir"):
+                st = os.stat(os.path.join(sub, f))
+                found[os.path.join(sub, f)] = (st.st_mtime_ns, st.st_size)
+    return found
+
+
+def _fixed_dependencies():
+    """MindSpore invalidates its cache when the hash of the entry script and of the repository files it imports
+    changes: train.py's graphs would never load in test.py. The graph folders' names already hash the source
+    of compat/ and reid/, so MindSpore is given one fixed file to hash instead (this one)."""
+    from mindspore.common import api
+    api._get_compile_cache_dep_files = lambda: [os.path.abspath(__file__)]
+
+
+def _cache_on(name, owner, key, args):
+    """Before building a cached graph (a cache folder is set, and the caller named an owner and a key): switch
+    MindSpore's compile cache on, aimed at this graph's own folder, with the owner's weights registered.
+    Returns that folder, else None (cache left off)."""
+    if _state["cache_dir"] is None or owner is None or key is None:
+        return None
+    import mindspore
+    from mindspore._c_expression import GraphExecutor_
+    folder = _graph_dir(name, owner, key, args)
+    _fixed_dependencies()
+    GraphExecutor_.get_instance().set_weights_values(_weights(owner))
+    mindspore.set_context(enable_compile_cache=True, compile_cache_path=folder)
+    return folder
+
+
+def _cache_off():
+    """After building a cached graph: the cache off again, so that no other graph is saved or loaded. (The
+    context flag alone does not do it: MindSpore caches while the executor holds dependency files.)"""
+    import mindspore
+    from mindspore._c_expression import GraphExecutor_
+    mindspore.set_context(enable_compile_cache=False)
+    GraphExecutor_.get_instance().set_compile_cache_dep_files([])
+
+
+class _Timed:
+    """Calls a mindspore.jit function; the first call builds the graph (or loads it from the compile cache)
+    and logs how long that took."""
+
+    def __init__(self, jitted, name, owner=None, key=None):
+        self.jitted, self.name, self.owner, self.key = jitted, name, owner, key
+        self.compile_seconds, self.loaded = None, None
 
     def __call__(self, *args):
         if self.compile_seconds is not None:
             return self.jitted(*args)
         start = time.perf_counter()
+        folder = _cache_on(self.name, self.owner, self.key, args)
+        before = _cache_files(folder) if folder else {}
+        note = "; cached in %s" % folder if folder else ""
         _state["graph"] = True
         try:
             out = self.jitted(*args)
+        except RuntimeError as exc:
+            if folder is None or "export" not in str(exc):
+                raise
+            # MindSpore could not write this graph to the cache (e.g. "Cannot export a interpret node in
+            # MindIR"): build it again without the cache
+            _cache_off()
+            folder, note = None, "; not cacheable (%s)" % str(exc).strip().splitlines()[0]
+            out = self.jitted(*args)
         finally:
             _state["graph"] = False
+            if folder is not None:
+                _cache_off()
         self.compile_seconds = time.perf_counter() - start
+        self.loaded = bool(folder) and bool(before) and _cache_files(folder) == before
         if log is not None:
-            log("compiled graph %s in %.1f s (first call included)" % (self.name, self.compile_seconds))
+            how = "loaded from the compile cache" if self.loaded else "compiled"
+            log("graph %s %s in %.1f s (first call included)%s" % (self.name, how, self.compile_seconds, note))
         return out
 
 
-def compiled(fn, name):
+def compiled(fn, name, owner=None, key=None):
     """`fn` (tensors in, tensors / tuples / dicts of tensors out) compiled on MindSpore; `fn` itself on torch.
-    Keep the returned object: each one builds its own graph on its first call."""
+    Keep the returned object: each one builds its own graph on its first call. With `owner` (the module whose
+    weights `fn` reads, after `prepare`) and `key` (text naming the Python state `fn` bakes in) the graph is
+    kept in the compile cache when `set_cache_dir` named one."""
     if not _c.IS_MINDSPORE:
         return fn
     import mindspore
@@ -204,7 +331,7 @@ def compiled(fn, name):
     def graph_fn(*args):
         return fn(*args)
     graph_fn.__name__ = graph_fn.__qualname__ = name
-    run = _Timed(mindspore.jit(graph_fn), name)
+    run = _Timed(mindspore.jit(graph_fn), name, owner, key)
 
     torch = _c.torch
 
@@ -214,10 +341,10 @@ def compiled(fn, name):
     return call
 
 
-def value_and_grad(fn, params, name):
+def value_and_grad(fn, params, name, owner=None, key=None):
     """Compiled counterpart of `compat.value_and_grad`: `fn(*args)` returns a scalar loss or (loss, aux dict of
     scalars); the call returns (loss, aux, grads), one gradient per parameter (zero where unused). On torch
-    this is `compat.value_and_grad` (eager)."""
+    this is `compat.value_and_grad` (eager). `owner`, `key`: as for `compiled`."""
     params = list(params)
     if not _c.IS_MINDSPORE:
         return _c.value_and_grad(fn, params)
@@ -236,7 +363,7 @@ def value_and_grad(fn, params, name):
         (loss, aux), grads = grad_fn(*args)
         return loss, aux, grads
     graph_fn.__name__ = graph_fn.__qualname__ = name
-    run = _Timed(mindspore.jit(graph_fn), name)
+    run = _Timed(mindspore.jit(graph_fn), name, owner, key)
 
     def call(*args):
         loss, aux, grads = run(*args)

@@ -1,4 +1,5 @@
-"""MODEL.NUM_THREADS reaches MindSpore's CPU kernel pool through the entry points' configure_runtime."""
+"""MODEL.NUM_THREADS reaches MindSpore's CPU kernel pool, and MODEL.COMPILE_CACHE names the compile cache, through
+the entry points' configure_runtime."""
 import os
 
 import pytest
@@ -17,8 +18,26 @@ def _cfg(num_threads):
 @pytest.fixture
 def restore_threads():
     before = compat.jit.set_threads()   # the default the rest of the session runs with
+    cache = compat.jit.cache_dir()      # configure_runtime also names a compile cache: none for the session
     yield
     compat.jit.set_threads(before)
+    compat.jit.set_cache_dir(cache)
+
+
+def test_compile_cache_folder_follows_the_config(restore_threads, tmp_path):
+    """MODEL.COMPILE_CACHE: "" keeps graphs under OUTPUT_DIR/compile_cache, "off" nowhere, else that folder."""
+    from reid.engine.launch import compile_cache_dir, configure_runtime
+    cfg = _cfg(0)
+    cfg.OUTPUT_DIR = str(tmp_path / "run")
+    assert compile_cache_dir(cfg) == str(tmp_path / "run" / "compile_cache")
+    configure_runtime(cfg)
+    assert compat.jit.cache_dir() == str(tmp_path / "run" / "compile_cache")
+    cfg.MODEL.COMPILE_CACHE = "off"
+    configure_runtime(cfg)
+    assert compat.jit.cache_dir() is None
+    cfg.MODEL.COMPILE_CACHE = str(tmp_path / "graphs")
+    configure_runtime(cfg)
+    assert compat.jit.cache_dir() == str(tmp_path / "graphs")
 
 
 def test_num_threads_reaches_mindspore(monkeypatch, restore_threads):

@@ -1,10 +1,12 @@
-"""Compiled (MindSpore graph mode, MODEL.JIT) execution against op-by-op execution of the same model.
+"""Compiled (MindSpore graph mode: TEST.JIT, on by default, and MODEL.JIT) execution against op-by-op execution
+of the same model.
 
 Compiled code silently computes wrong values where it meets in-place ops, host reads or Python state
 (compat/jit.py), so every module type of the ACL network is run both ways: the whole tiny network holds
 each of them (conv, batch norm in all three modes, instance norm, IBN, gate, router, SE, experts, GeM,
-BNNeck, classifiers, centers). Building a graph of this demo-width network took 2-6 minutes per graph on
-our heavily loaded 2-core machines, hence two graphs in all and the `slow` mark.
+BNNeck, classifiers, centers). Building a graph of this demo-width network took 1-6 minutes per graph on
+our loaded 2-core machines, hence two graphs in all (plus a fresh process that loads the evaluation graph
+from the compile cache, ~15 s) and the `slow` mark.
 """
 import numpy as np
 import pytest
@@ -89,14 +91,108 @@ def test_train_forward_and_running_statistics_compiled_equal_op_by_op(model):
     assert errors[worst] < (1e-3 if compat.IS_MINDTORCH else 1e-5), (worst, errors[worst])
 
 
-def test_extract_features_compiled_equals_op_by_op(model):
-    """The evaluation path: a short last batch (padded to one graph shape) and flip averaging."""
-    from reid.evaluation import extract_features
+def _eval_batches():
     images = _images(7, seed=4)
-    batches = [{"images": images[:4], "targets": np.arange(4)}, {"images": images[4:], "targets": np.arange(4, 7)}]
+    return [{"images": images[:4], "targets": np.arange(4)}, {"images": images[4:], "targets": np.arange(4, 7)}]
+
+
+def test_extract_features_default_is_compiled_and_equals_op_by_op(model, tmp_path):
+    """The evaluation path as train.py / test.py run it (TEST.JIT's default: compiled), with a short last batch
+    (padded to one graph shape) and flip averaging, against op by op. Its graph goes into a compile cache
+    (MODEL.COMPILE_CACHE), which a fresh process then loads instead of building (same features)."""
+    from reid.evaluation import extract_features
+    assert model.jit_eval  # TEST.JIT True by default
+    batches = _eval_batches()
     ref = extract_features(model, batches, flip=True, compiled=False)[0]
-    got, pids, _, _ = extract_features(model, batches, flip=True, compiled=True)
+    assert "eval" not in model.compiled
+    cache = tmp_path / "compile_cache"
+    compat.jit.set_cache_dir(str(cache))
+    try:
+        got, pids, _, _ = extract_features(model, batches, flip=True)
+    finally:
+        compat.jit.set_cache_dir(None)
+    assert "eval" in model.compiled  # the compiled forward ran
+    import mindspore
+    assert mindspore.get_context("enable_compile_cache") is False  # on only while that graph was built
     assert got.shape == ref.shape == (7, ref.shape[1])
     assert np.array_equal(pids, np.arange(7))
     err = _rel(got, ref)
     assert err < 1e-5, err
+    assert len(list(cache.rglob("*.mindir"))) == 1, sorted(cache.rglob("*"))
+
+    # the graph reads the model's Parameters, not copies: after the weights change (as training changes them
+    # between evaluations) it follows them
+    start = compat.checkpoint.state_dict(model)
+    rng = np.random.RandomState(5)  # every float weight moved by ~10% (scale kept: 50 layers deep)
+    changed = {k: (v * (1 + 0.1 * rng.randn(*v.shape))).astype(v.dtype)
+               if "running_var" not in k and v.dtype == np.float32 else v for k, v in start.items()}
+    compat.checkpoint.load_state_dict(model, changed)
+    try:
+        moved_ref = extract_features(model, batches, flip=True, compiled=False)[0]
+        moved = extract_features(model, batches, flip=True)[0]
+    finally:
+        compat.checkpoint.load_state_dict(model, start)
+    assert _rel(moved_ref, ref) > 1e-2  # the change shows op by op...
+    assert _rel(moved, moved_ref) < 1e-5, _rel(moved, moved_ref)  # ...and compiled alike
+
+    warm = _in_fresh_process("tests.test_compiled:warm_cache_case", cache=str(cache),
+                             weights=compat.checkpoint.state_dict(model))
+    assert warm["loaded"], warm["log"]
+    assert _rel(warm["features"], got) < 1e-6
+    print("graph built in %.1f s here, loaded in %.1f s by a fresh process" % (
+        model.compiled["eval_graph"].compile_seconds if "eval_graph" in model.compiled else float("nan"),
+        warm["seconds"]))
+
+
+def warm_cache_case(cache, weights):
+    """In a fresh process: the same model and weights, the same compile cache; the evaluation's features and
+    whether the graph came from the cache."""
+    from reid.evaluation import extract_features
+    lines = []
+    compat.jit.log = lines.append
+    compat.jit.set_cache_dir(cache)
+    m = _tiny_model()
+    compat.checkpoint.load_state_dict(m, weights)
+    feats = extract_features(m, _eval_batches(), flip=True)[0]
+    graph = m.compiled["eval_graph"]
+    return {"features": feats, "loaded": graph.loaded, "seconds": graph.compile_seconds, "log": lines}
+
+
+def _in_fresh_process(target, **kwargs):
+    """`target(**kwargs)` in a new process of this interpreter (tests/_crossenv_child.py)."""
+    import os
+    import pickle
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    with tempfile.TemporaryDirectory(prefix="fresh-") as tmp:
+        src, dst = Path(tmp) / "in.pkl", Path(tmp) / "out.pkl"
+        with open(src, "wb") as fh:
+            pickle.dump([(target, kwargs)], fh, protocol=4)
+        proc = subprocess.run([sys.executable, str(root / "tests" / "_crossenv_child.py"), str(src), str(dst)],
+                              cwd=str(root), env=dict(os.environ, PYTHONPATH=str(root)), capture_output=True,
+                              text=True, timeout=900)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        with open(dst, "rb") as fh:
+            return pickle.load(fh)[0]
+
+
+def test_compile_cache_entry_changes_with_what_the_graph_bakes_in(model):
+    """A cached graph's folder is named by everything it depends on: another key (model config), input shape,
+    graph name or parameter set gives another folder, so a changed setting never loads a stale graph."""
+    from compat.jit import _graph_dir
+    compat.jit.set_cache_dir("/nonexistent/cache")
+    try:
+        x = compat.as_tensor(_images(4))
+        base = _graph_dir("eval_forward", model, "key", (x,))
+        assert base == _graph_dir("eval_forward", model, "key", (x,))
+        assert base.startswith("/nonexistent/cache/eval_forward-")
+        others = [_graph_dir("eval_forward", model, "key2", (x,)),
+                  _graph_dir("eval_forward", model, "key", (compat.as_tensor(_images(5)),)),
+                  _graph_dir("other", model, "key", (x,)),
+                  _graph_dir("eval_forward", model.heads, "key", (x,))]
+        assert len(set(others + [base])) == 5
+    finally:
+        compat.jit.set_cache_dir(None)

@@ -19,7 +19,13 @@ _C.MODEL.PIXEL_STD = [58.395, 57.12, 57.375]
 # Emulate the original's nn.DataParallel over 4 GPUs: BN statistics and losses per contiguous chunk
 # (docs/method.md#dataparallel). 1 = whole-batch semantics.
 _C.MODEL.NUM_SPLITS = 4
-_C.MODEL.JIT = False                  # MindSpore: compiled training steps and eval forward; False: op by op
+# MindSpore: compiled training steps (static graphs, compat/jit.py); False: op by op. Off by default: each of the
+# 3+ step graphs takes minutes to build and a compiled run peaks at several times the memory (README).
+_C.MODEL.JIT = False
+# MindSpore: where the compiled evaluation graph (TEST.JIT) is kept, so that a later run (train.py or test.py) with
+# the same code, model config and batch shape loads it instead of building it again (~1 s instead of a minute or
+# more): "" = OUTPUT_DIR/compile_cache, "off" = none. (MindSpore 2.0 cannot cache MODEL.JIT's step graphs.)
+_C.MODEL.COMPILE_CACHE = ""
 _C.MODEL.NUM_THREADS = 0              # MindSpore CPU kernel threads; 0 = env REID_NUM_THREADS, else one per core
 
 _C.MODEL.BACKBONE = CN()
@@ -132,6 +138,7 @@ _C.TEST = CN()
 _C.TEST.EVAL_PERIOD = 5              # epochs
 _C.TEST.EVAL_AT_START = False        # also evaluate the untrained model (a reference point for the curves)
 _C.TEST.IMS_PER_BATCH = 128
+_C.TEST.JIT = True                   # MindSpore: compiled evaluation forward (one graph per model); False: op by op
 _C.TEST.METRIC = "cosine"            # or "euclidean"
 _C.TEST.FLIP = False
 _C.TEST.METRIC_CUHK03 = False        # CUHK03 single-shot protocol instead of Market-style

@@ -78,9 +78,19 @@ def setup_cfg(args):
 def configure_runtime(cfg):
     """Process-wide framework settings from cfg, applied by every entry point before it builds a model:
     MindSpore's CPU kernel pool gets MODEL.NUM_THREADS threads (0: REID_NUM_THREADS, else one per core; the
-    framework's own default is 30 whatever the machine). Returns the thread count (None on torch)."""
+    framework's own default is 30 whatever the machine), and compiled graphs are kept in MODEL.COMPILE_CACHE
+    ("" = OUTPUT_DIR/compile_cache, "off": nowhere). Returns the thread count (None on torch)."""
     import compat
+    compat.jit.set_cache_dir(compile_cache_dir(cfg))
     return compat.jit.set_threads(cfg.MODEL.NUM_THREADS)
+
+
+def compile_cache_dir(cfg):
+    """The folder MODEL.COMPILE_CACHE names, or None for "off"."""
+    value = str(cfg.MODEL.COMPILE_CACHE).strip()
+    if value.lower() == "off":
+        return None
+    return value or os.path.join(cfg.OUTPUT_DIR, "compile_cache")
 
 
 def build_evaluate_fn(cfg):

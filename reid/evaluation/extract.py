@@ -23,7 +23,8 @@ def _column(batch, key, n):
 
 
 def _compiled_forward(model):
-    """The eval forward compiled once per model (MindSpore; eager on torch), batches padded to one size."""
+    """The eval forward compiled once per model (MindSpore; eager on torch), batches padded to one size. A
+    model with a `graph_key` (build_model) keeps its graph in the compile cache (compat.jit.set_cache_dir)."""
     cache = getattr(model, "compiled", None)
     if cache is None:
         return model
@@ -32,7 +33,9 @@ def _compiled_forward(model):
 
         def eval_forward(images):
             return model(images)
-        graph = compat.jit.compiled(eval_forward, "eval_forward")
+        key = getattr(model, "graph_key", None)
+        graph = compat.jit.compiled(eval_forward, "eval_forward", owner=model,
+                                    key=None if key is None else "eval mode\n" + key)
         size = {}
 
         def run(images):
@@ -44,6 +47,7 @@ def _compiled_forward(model):
             pad = torch.zeros((size["n"] - n,) + tuple(images.shape[1:]), dtype=images.dtype)
             return graph(torch.cat((images, pad), 0))[:n]
         cache["eval"] = run
+        cache["eval_graph"] = getattr(graph, "graph", None)  # MindSpore: build time, whether it was loaded
     return cache["eval"]
 
 
@@ -54,11 +58,11 @@ def extract_features(model, loader, flip=False, compiled=None):
     The model is put in eval mode (running BN statistics) and restored to its previous mode afterwards.
     ``flip=True`` averages the features of each image and of its horizontal mirror (fast-reid's TEST.FLIP).
     ``compiled``: run the compiled eval forward (MindSpore graph mode, compat/jit.py); None follows the
-    model's MODEL.JIT setting (`model.jit`), False runs op by op.
+    model's TEST.JIT setting (`model.jit_eval`, on by default), False runs op by op.
     """
     was_training = bool(getattr(model, "training", False))
     model.eval()
-    use_jit = bool(getattr(model, "jit", False)) if compiled is None else bool(compiled)
+    use_jit = bool(getattr(model, "jit_eval", False)) if compiled is None else bool(compiled)
     forward = _compiled_forward(model) if use_jit else model
     feats, pids, camids, paths = [], [], [], []
     try:

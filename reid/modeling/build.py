@@ -35,10 +35,25 @@ def build_backbone(cfg):
     return BACKBONE_REGISTRY.get(cfg.MODEL.BACKBONE.NAME)(cfg)
 
 
+# MODEL keys that no compiled graph bakes in: weights are graph inputs (Parameters), the rest is runtime
+GRAPH_NEUTRAL_KEYS = ("WEIGHTS", "DEVICE", "JIT", "NUM_THREADS", "COMPILE_CACHE")
+
+
+def graph_key(cfg):
+    """The model config as text, less the keys no compiled graph depends on: with the source code and the
+    input shapes it names a graph in the compile cache (compat/jit.py), so a changed setting builds anew."""
+    model = cfg.MODEL.clone()
+    model.defrost()
+    for key in GRAPH_NEUTRAL_KEYS:
+        model.pop(key, None)
+    model.BACKBONE.pop("PRETRAIN_PATH", None)
+    return model.dump()
+
+
 def _assemble(cfg, backbone, with_centers):
     heads = HEAD_REGISTRY.get(cfg.MODEL.HEADS.NAME)(cfg, backbone.feat_dim, with_centers)
     model = ReIDModel(backbone, heads, cfg.MODEL.PIXEL_MEAN, cfg.MODEL.PIXEL_STD, cfg.MODEL.NUM_SPLITS,
-                      jit=cfg.MODEL.JIT)
+                      jit_eval=cfg.TEST.JIT, graph_key=graph_key(cfg))
     if cfg.MODEL.BACKBONE.PRETRAIN:
         from reid.modeling.pretrained import load_pretrained_backbone
         load_pretrained_backbone(model, cfg.MODEL.BACKBONE.PRETRAIN_PATH)

@@ -25,7 +25,7 @@ class ReIDModel(nn.Module):
     """backbone + heads. forward(images (N, 3, H, W) float 0..255):
     train -> dict(features, neck_feat, feat_norm, logits, center_dist, paths); eval -> (N, D) features."""
 
-    def __init__(self, backbone, heads, pixel_mean, pixel_std, num_splits=1, jit=False):
+    def __init__(self, backbone, heads, pixel_mean, pixel_std, num_splits=1, jit_eval=False, graph_key=None):
         super().__init__()
         mean, std = np.asarray(pixel_mean, np.float32), np.asarray(pixel_std, np.float32)
         if mean.shape != (3,) or std.shape != (3,) or np.any(std <= 0):
@@ -37,10 +37,12 @@ class ReIDModel(nn.Module):
         object.__setattr__(self, "_pixel", {"mean": mean.reshape(1, 3, 1, 1), "std": std.reshape(1, 3, 1, 1)})
         self.num_splits = num_splits
         self._constants()
-        # MODEL.JIT: evaluation and training steps run compiled (compat/jit.py); `compiled` caches those
-        # functions (one per step kind / input signature), built on first use
-        self.jit = bool(jit)
+        # TEST.JIT: evaluation runs the compiled forward (compat/jit.py); `compiled` caches it, built on first
+        # use. `graph_key`: what a compiled graph of this model bakes in beyond its parameters' shapes (the
+        # model config, reid.modeling.build.graph_key), naming its entry in the compile cache; None: not cached
+        self.jit_eval = bool(jit_eval)
         object.__setattr__(self, "compiled", {})
+        object.__setattr__(self, "graph_key", graph_key)
 
     @property
     def num_splits(self):
