@@ -113,11 +113,15 @@ def test_extract_features_default_is_compiled_and_equals_op_by_op(model, tmp_pat
         compat.jit.set_cache_dir(None)
     assert "eval" in model.compiled  # the compiled forward ran
     import mindspore
-    assert mindspore.get_context("enable_compile_cache") is False  # on only while that graph was built
+    # on only while that graph was built (None: never switched on, MindSpore 2.6 where nothing is cached)
+    assert mindspore.get_context("enable_compile_cache") in (False, None)
     assert got.shape == ref.shape == (7, ref.shape[1])
     assert np.array_equal(pids, np.arange(7))
     err = _rel(got, ref)
     assert err < 1e-5, err
+    if not compat.jit.cache_supported():  # MindSpore 2.6.0.dev: nothing saved (its loaded graph was wrong)
+        assert not cache.exists() or not any(cache.rglob("*")), sorted(cache.rglob("*"))
+        return
     assert len(list(cache.rglob("*.mindir"))) == 1, sorted(cache.rglob("*"))
 
     # the graph reads the model's Parameters, not copies: after the weights change (as training changes them
