@@ -151,15 +151,7 @@ def test_steps_match_between_backends(synth_root, tmp_path, splits, iterations):
     by ~10% in the weights after 25 steps; free-running trajectories of any two float32 implementations
     diverge that way. Per-step agreement is what identifies an implementation difference."""
     extra = ["MODEL.NUM_SPLITS", str(splits), "SOLVER.MAX_EPOCH", "10"]
-    weights = str(tmp_path / "init.pth")
-    states = tmp_path / "states"
-    states.mkdir()
-    run_cases("torch", [("tests.test_training:case_initial_weights",
-                         dict(root=synth_root, out=str(tmp_path / "init"), path=weights, extra=extra))])
-    kwargs = dict(root=synth_root, weights=weights, iterations=iterations, extra=extra, state_dir=str(states))
-    pt = run_cases("torch", [("tests.test_training:case_steps", dict(kwargs, out=str(tmp_path / "pt")))])[0]
-    ms = run_cases("mindspore", [("tests.test_training:case_steps",
-                                  dict(kwargs, out=str(tmp_path / "ms"), follow=True))])[0]
+    weights, pt, ms = teacher_forced_runs(synth_root, tmp_path, iterations, extra)
     plan = [k for it in range(iterations) for k in ["basic"] * (2 if it == 0 else 1) + ["meta"] * (it % 3 == 0)]
     assert ms["kinds"] == pt["kinds"] == plan
     base_lr = 0.04
@@ -181,6 +173,22 @@ def test_steps_match_between_backends(synth_root, tmp_path, splits, iterations):
     moved = [n for n, v in pt["after"][-1].items() if not np.allclose(v, init[n])]
     assert len(moved) > 0.9 * len(pt["after"][-1])
     assert abs(pt["losses"][-2] - pt["losses"][0]) > 1e-2
+
+
+def teacher_forced_runs(synth_root, tmp_path, iterations, extra):
+    """torch trains `iterations` iterations from initial weights it writes, recording its state before every
+    step; MindSpore takes each step from that recorded state (teacher forcing). Returns (the initial weights'
+    path, torch's record, MindSpore's record) of `case_steps`."""
+    weights = str(tmp_path / "init.pth")
+    states = tmp_path / "states"
+    states.mkdir()
+    run_cases("torch", [("tests.test_training:case_initial_weights",
+                         dict(root=synth_root, out=str(tmp_path / "init"), path=weights, extra=extra))])
+    kwargs = dict(root=synth_root, weights=weights, iterations=iterations, extra=extra, state_dir=str(states))
+    pt = run_cases("torch", [("tests.test_training:case_steps", dict(kwargs, out=str(tmp_path / "pt")))])[0]
+    ms = run_cases("mindspore", [("tests.test_training:case_steps",
+                                  dict(kwargs, out=str(tmp_path / "ms"), follow=True))])[0]
+    return weights, pt, ms
 
 
 def case_read(path):
@@ -217,15 +225,7 @@ def test_demo_recipe_steps_match_between_backends(synth_root, tmp_path):
     iteration ~3 on: README, what to expect.)"""
     extra = demo_recipe_overrides() + ["MODEL.NUM_SPLITS", "1", "SOLVER.MAX_EPOCH", "10"]
     iterations = 10
-    weights = str(tmp_path / "init.pth")
-    states = tmp_path / "states"
-    states.mkdir()
-    run_cases("torch", [("tests.test_training:case_initial_weights",
-                         dict(root=synth_root, out=str(tmp_path / "init"), path=weights, extra=extra))])
-    kwargs = dict(root=synth_root, weights=weights, iterations=iterations, extra=extra, state_dir=str(states))
-    pt = run_cases("torch", [("tests.test_training:case_steps", dict(kwargs, out=str(tmp_path / "pt")))])[0]
-    ms = run_cases("mindspore", [("tests.test_training:case_steps",
-                                  dict(kwargs, out=str(tmp_path / "ms"), follow=True))])[0]
+    _, pt, ms = teacher_forced_runs(synth_root, tmp_path, iterations, extra)
     assert ms["kinds"] == pt["kinds"] and pt["kinds"].count("meta") == 4
     assert min(pt["lrs"][4:]) == max(pt["lrs"][4:]) > 0.05      # the demo's full rate after warmup
     np.testing.assert_allclose(ms["losses"], pt["losses"], rtol=1e-3)
