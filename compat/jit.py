@@ -351,10 +351,11 @@ def compiled(fn, name, owner=None, key=None):
     return call
 
 
-def value_and_grad(fn, params, name, owner=None, key=None):
+def value_and_grad(fn, params, name):
     """Compiled counterpart of `compat.value_and_grad`: `fn(*args)` returns a scalar loss or (loss, aux dict of
     scalars); the call returns (loss, aux, grads), one gradient per parameter (zero where unused). On torch
-    this is `compat.value_and_grad` (eager). `owner`, `key`: as for `compiled`."""
+    this is `compat.value_and_grad` (eager). Never cached: MindSpore 2.0 cannot write these graphs to its
+    compile cache ("Cannot export a interpret node in MindIR")."""
     params = list(params)
     if not _c.IS_MINDSPORE:
         return _c.value_and_grad(fn, params)
@@ -373,7 +374,7 @@ def value_and_grad(fn, params, name, owner=None, key=None):
         (loss, aux), grads = grad_fn(*args)
         return loss, aux, grads
     graph_fn.__name__ = graph_fn.__qualname__ = name
-    run = _Timed(mindspore.jit(graph_fn), name, owner, key)
+    run = _Timed(mindspore.jit(graph_fn), name)
 
     def call(*args):
         loss, aux, grads = run(*args)

@@ -119,8 +119,6 @@ class StepFunctions:
                 return step_objective(kind, out, {"targets": targets, "domains": domains, "present": present},
                                       settings, offsets, num_splits)
             name = "%s_loss_%s" % (kind, "_".join(str(c) for c in counts))
-            # No compile cache (no owner / key): MindSpore 2.0 cannot write these graphs to it ("Cannot export
-            # a interpret node in MindIR", measured), so a cached build would fail and be repeated uncached.
             return compat.jit.value_and_grad(loss, self.params, name)
 
         present = key
