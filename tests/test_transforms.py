@@ -7,7 +7,7 @@ from PIL import Image, ImageEnhance, ImageOps
 from compat.errors import UserError
 from reid.config import get_cfg
 from reid.data import autoaugment as A
-from reid.data.transforms import (ColorJitter, RandomErasing, adjust_brightness, adjust_contrast, adjust_hue,
+from reid.data.transforms import (CastJitter, ColorJitter, RandomErasing, adjust_brightness, adjust_contrast, adjust_hue,
                                   adjust_saturation, build_transforms, make_rng, pad, random_crop, resize)
 
 
@@ -22,7 +22,7 @@ def photo(h=150, w=60, seed=0):
 def plain_cfg(**changes):
     """Config with every augmentation off; `changes` maps 'CJ.PROB' style keys to values."""
     cfg = get_cfg()
-    for key in ("AUTOAUG", "FLIP", "PADDING", "CJ", "REA"):
+    for key in ("AUTOAUG", "FLIP", "PADDING", "CJ", "CAST", "REA"):
         cfg.INPUT[key].ENABLED = False
     for key, value in changes.items():
         node, name = key.split(".")
@@ -160,6 +160,27 @@ def test_color_jitter_zero_strength_is_identity_and_factors_follow_torchvision()
     red = np.zeros((2, 2, 3), np.float32)
     red[..., 0] = 255
     np.testing.assert_allclose(adjust_hue(red, 0.5), np.broadcast_to([0, 255, 255], (2, 2, 3)), atol=1e-2)
+
+
+def test_cast_jitter_scales_channels_by_gains_of_geometric_mean_one():
+    img = photo()
+    assert CastJitter(0.0)(img, make_rng(0)) is img
+    jitter = CastJitter(0.2)
+    logs = np.array([np.log(jitter.gains(make_rng(seed))) for seed in range(400)])
+    np.testing.assert_allclose(logs.sum(axis=1), 0.0, atol=1e-5)          # only the cast changes, not the level
+    assert 0.15 < logs.std(axis=0).mean() < 0.2                            # std * sqrt(2/3) after centring
+    assert np.all(np.abs(logs[:, 0] - logs[:, 1]) > 0) and len(set(np.round(logs[:, 0], 6))) > 300
+    gains = jitter.gains(make_rng(7))
+    out = jitter(img, make_rng(7))
+    np.testing.assert_array_equal(out, np.clip(np.rint(img.astype(np.float32) * gains), 0, 255).astype(np.uint8))
+    cfg = plain_cfg(**{"CAST.ENABLED": True, "CAST.PROB": 1.0, "CAST.STD": 0.2})
+    pipeline = build_transforms(cfg, True)
+    assert "cast_jitter" in repr(pipeline)
+    np.testing.assert_array_equal(pipeline(img, make_rng(3)), pipeline(img, make_rng(3)))
+    assert not np.array_equal(pipeline(img, make_rng(3)), build_transforms(plain_cfg(), True)(img))
+    assert "cast_jitter" not in repr(build_transforms(plain_cfg(**{"CAST.PROB": 1.0}), True))   # off by default
+    with pytest.raises(UserError, match="CAST.STD"):
+        CastJitter(-0.1)
 
 
 def test_random_erasing_fills_one_rectangle_within_the_configured_area():

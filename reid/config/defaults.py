@@ -75,6 +75,9 @@ _C.INPUT.SIZE_TEST = [256, 128]
 _C.INPUT.FLIP = CN({"ENABLED": True, "PROB": 0.5})
 _C.INPUT.PADDING = CN({"ENABLED": True, "SIZE": 10})
 _C.INPUT.CJ = CN({"ENABLED": True, "PROB": 0.5, "BRIGHTNESS": 0.15, "CONTRAST": 0.15, "SATURATION": 0.1, "HUE": 0.1})
+# random white balance (reid/data/transforms.py CastJitter; not in the original): per-channel gains exp(N(0, STD))
+# normalised to geometric mean 1, on PROB of the training images
+_C.INPUT.CAST = CN({"ENABLED": False, "PROB": 0.5, "STD": 0.15})
 _C.INPUT.AUTOAUG = CN({"ENABLED": True, "PROB": 0.1})
 _C.INPUT.REA = CN({"ENABLED": False, "PROB": 0.5, "VALUE": [123.675, 116.28, 103.53],
                    "SCALE": [0.02, 0.33], "RATIO": [0.3, 3.3]})   # erased area fraction, aspect (torchvision)

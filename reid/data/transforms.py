@@ -3,7 +3,8 @@
 Training pipeline (docs/method.md#transforms, driven by cfg.INPUT):
   RandomApply(AutoAugment ImageNet policy, AUTOAUG.PROB) at the original size -> bicubic resize to SIZE_TRAIN
   -> pad PADDING.SIZE (constant 0) + random crop back to SIZE_TRAIN -> horizontal flip (FLIP.PROB)
-  -> RandomApply(ColorJitter(CJ.*), CJ.PROB) -> HWC->CHW float32 -> random erasing (REA.*, off by default).
+  -> RandomApply(ColorJitter(CJ.*), CJ.PROB) -> RandomApply(CastJitter(CAST.STD), CAST.PROB) (off by default)
+  -> HWC->CHW float32 -> random erasing (REA.*, off by default).
 The original applies the colour jitter even with CJ disabled (its transform[1]); here CJ.ENABLED (on by
 default) decides. Test pipeline: bicubic resize to SIZE_TEST -> CHW float32.
 
@@ -133,6 +134,30 @@ def adjust_hue(img, factor):
     return np.clip(cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB) * np.float32(255), 0, 255)
 
 
+class CastJitter:
+    """A random white balance: each RGB channel multiplied by its own gain exp(N(0, std)), the three gains divided
+    by their geometric mean so that only the colour cast changes, not the overall level. Why: cameras differ
+    most in their white balance (a sodium-lit night camera is orange, an overcast one bluish), and a global
+    cast keeps what tells people apart here, the colours of their clothes relative to each other, where a hue
+    rotation (ColorJitter's hue) moves every colour to another one. Not in the original (an addition for data
+    without ImageNet-pretrained weights). Returns uint8."""
+
+    def __init__(self, std):
+        if not std >= 0:
+            raise UserError("INPUT.CAST.STD must be >= 0 (log-std of the per-channel gains), got %r" % (std,))
+        self.std = float(std)
+
+    def gains(self, rng):
+        log_gains = rng.normal(0.0, self.std, 3)
+        return np.exp(log_gains - log_gains.mean()).astype(np.float32)
+
+    def __call__(self, img, rng):
+        if self.std == 0:
+            return img
+        out = img.astype(np.float32) * self.gains(rng)
+        return np.clip(np.rint(out), 0, 255).astype(np.uint8)
+
+
 class RandomErasing:
     """torchvision RandomErasing on a CHW float image: with probability p, up to 10 tries to place a rectangle
     of area fraction U(scale) and log-uniform aspect ratio inside the image, filled with `value` per channel."""
@@ -225,6 +250,10 @@ def build_transforms(cfg, is_train=True):
     if cj.ENABLED and cj.PROB > 0 and max(cj.BRIGHTNESS, cj.CONTRAST, cj.SATURATION, cj.HUE) > 0:
         jitter = ColorJitter(cj.BRIGHTNESS, cj.CONTRAST, cj.SATURATION, cj.HUE)
         steps.append(("color_jitter(p=%g)" % cj.PROB, _random_apply(jitter, cj.PROB), True))
+    cast = inp.CAST
+    if cast.ENABLED and cast.PROB > 0 and cast.STD > 0:
+        jitter = CastJitter(cast.STD)
+        steps.append(("cast_jitter(std=%g, p=%g)" % (cast.STD, cast.PROB), _random_apply(jitter, cast.PROB), True))
     steps.append(("to_chw_float", to_chw_float, False))
     rea = inp.REA
     if rea.ENABLED and rea.PROB > 0:
