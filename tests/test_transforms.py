@@ -7,8 +7,8 @@ from PIL import Image, ImageEnhance, ImageOps
 from compat.errors import UserError
 from reid.config import get_cfg
 from reid.data import autoaugment as A
-from reid.data.transforms import (CastJitter, ColorJitter, RandomErasing, adjust_brightness, adjust_contrast, adjust_hue,
-                                  adjust_saturation, build_transforms, make_rng, pad, random_crop, resize)
+from reid.data.transforms import (CastJitter, ColorJitter, RandomErasing, adjust_brightness, adjust_contrast,
+                                  adjust_hue, adjust_saturation, build_transforms, make_rng, pad, random_crop, resize)
 
 
 def photo(h=150, w=60, seed=0):
