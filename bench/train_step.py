@@ -19,11 +19,11 @@ so the peak resident memory printed is that variant's own.
         [--memory-level O1] [--variants mindspore-compiled,torch] [--basic-only] [--max-rss-gb 16]
 
 Each compiled graph's build line is printed (compat.jit: seconds, resident memory it added and what was
-left after releasing the build's leftovers). Besides each variant's peak resident memory, the peak after its first basic step is printed (compiled: after
-building one graph, the basic step's), the resident memory after the warm-up, and the peak of the timed steps
-alone (the high-water mark is reset after the warm-up: no graph is built then). A watchdog kills a run whose
-resident memory exceeds `--max-rss-gb` (default 16 GB: the machines this was written on have 24 GiB,
-shared), reported as "exceeds N GB".
+left after releasing the build's leftovers). Besides each variant's peak resident memory, the peak after
+its first basic step is printed (compiled: after building one graph, the basic step's), the resident memory
+after the warm-up, and the peak of the timed steps alone (the high-water mark is reset after the warm-up: no
+graph is built then). A watchdog kills a run whose resident memory exceeds `--max-rss-gb` (default 16 GB:
+the machines this was written on have 24 GiB, shared), reported as "exceeds N GB".
 """
 import os
 import sys

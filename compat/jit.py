@@ -336,9 +336,10 @@ def _release_build_memory():
 
 def _run_built(phase, args):
     """Run the graph MindSpore built under `phase` on `args`, as `mindspore.jit`'s own call does once the
-    graph exists (its argument handling, the executor, the outputs' conversion). That call also hands the outputs to the op-by-op
-    executor, which matters only while it records a gradient around the call: compiled functions here hold
-    their gradients inside the graph (`value_and_grad`), so such a call is refused rather than run without."""
+    graph exists (its argument handling, the executor, the outputs' conversion). That call also hands the
+    outputs to the op-by-op executor, which matters only while it records a gradient around the call:
+    compiled functions here hold their gradients inside the graph (`value_and_grad`), so such a call is
+    refused rather than run without."""
     from mindspore._c_expression import GraphExecutor_
     from mindspore.common import api
     if api._pynative_executor.grad_flag():
