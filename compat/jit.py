@@ -393,10 +393,7 @@ class _Timed:
         built = set(ms_compile_cache) - phases_before
         rss_built = resident_mb()
         rss_released = None
-        if release:
-            if len(built) != 1:
-                raise RuntimeError("compat.jit: graph %s: expected one new MindSpore phase, got %d"
-                                   % (self.name, len(built)))
+        if release and len(built) == 1:  # (none: MS_JIT=0 ran the Python; then nothing was built to release)
             self.phase = built.pop()
             _release_build_memory()
             rss_released = resident_mb()
