@@ -18,11 +18,12 @@ so the peak resident memory printed is that variant's own.
     python bench/train_step.py [--sizes demo,full-b8,full] [--repeats 3] [--stacks msadapter,mindtorch]
         [--memory-level O1] [--variants mindspore-compiled,torch] [--basic-only] [--max-rss-gb 16]
 
-Besides each variant's peak resident memory, the peak after its first basic step is printed (compiled: after
-building one graph, the basic step's), the resident memory after the warm-up, and the peak of the timed steps
-alone (the high-water mark is reset after the warm-up: no graph is built then). A watchdog kills a run whose
-resident memory exceeds `--max-rss-gb` (default 16 GB: the machines this was written on have 24 GiB,
-shared), reported as "exceeds N GB".
+Each compiled graph's build line is printed (compat.jit: seconds, resident memory it added and what was
+left after releasing the build's leftovers). Besides each variant's peak resident memory, the peak after
+its first basic step is printed (compiled: after building one graph, the basic step's), the resident memory
+after the warm-up, and the peak of the timed steps alone (the high-water mark is reset after the warm-up: no
+graph is built then). A watchdog kills a run whose resident memory exceeds `--max-rss-gb` (default 16 GB:
+the machines this was written on have 24 GiB, shared), reported as "exceeds N GB".
 """
 import os
 import sys
@@ -81,8 +82,12 @@ def measure(overrides, root, repeats, jit=False, memory_level=None, steps=("basi
     `memory_level`: MindSpore's memory_optimize_level; `steps`: ("basic",) times basic steps only and warms
     up nothing else."""
     import time
+
+    import compat
     from reid.config import load_cfg
     from reid.engine.trainer import Trainer
+    graphs = []
+    compat.jit.log = graphs.append  # one line per compiled graph: build seconds, resident memory it left
     if memory_level:
         import mindspore
         mindspore.set_context(memory_optimize_level=memory_level)
@@ -103,7 +108,7 @@ def measure(overrides, root, repeats, jit=False, memory_level=None, steps=("basi
     result = median_seconds([(step, calls[step]) for step in steps], repeats)
     result.update(layer=layer_name(), warm_up_s=warm, first_basic_s=first_basic, warmed_domains=warmed,
                   peak_rss_basic_mb=peak_one, rss_after_warm_up_mb=rss_after_warm_up,
-                  peak_rss_steps_mb=_peak_rss_mb())
+                  peak_rss_steps_mb=_peak_rss_mb(), graphs=graphs)
     return result
 
 
@@ -171,6 +176,9 @@ def main():
             print("%-7s warm-up      %s   torch %5.0f s   (meta-test domains %s)" % (size, "   ".join(
                 "%s %5.0f s" % (label, got[label]["warm_up_s"]) for label in timed),
                 tr["warm_up_s"], got["torch"]["warmed_domains"]), flush=True)
+            for label in timed:
+                for line in got[label].get("graphs", []):
+                    print("%-7s %s %s" % (size, label, line), flush=True)
     print("; ".join("%s: %s" % (k, v) for k, v in layers.items() if "-compiled" not in k))
 
 

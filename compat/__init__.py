@@ -40,6 +40,8 @@ def _load():
                  IS_MINDSPORE=info["name"] == "mindspore",
                  # LAYER: 'torch' | 'msadapter.pytorch' | 'mindtorch.torch' (0.4.0 on the MindSpore 2.6 pre-release)
                  LAYER=info["layer"], IS_MINDTORCH=info["layer"] == "mindtorch.torch")
+        if info["layer"] == "msadapter.pytorch":  # compiled, the hot functional ops skip the layer's wrappers
+            g["F"] = importlib.import_module("compat.graph_ops").functional(info["F"])
         for name, module in _EXPORTS.items():
             # a submodule imported directly (`import compat.norm`) is still half-initialised when its own
             # module-level code got here: its names are bound later, on first use (__getattr__)
