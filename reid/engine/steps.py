@@ -23,11 +23,13 @@ yacs config), the label offsets, the chunk count and `present`. Two ways to run 
 Gradients come back for every parameter (zeros where the loss does not reach); the trainer applies
 single-device "None" semantics afterwards (`Trainer._drop_unused`), outside any graph.
 """
+import contextlib
+
 import numpy as np
 
 import compat
 from compat.errors import UserError
-from reid.engine.objectives import step_objective
+from reid.engine.objectives import mean_over_chunks, step_objective
 from reid.modeling import bn_mode, fast_weights
 from reid.modeling.heads import train_dict
 
@@ -61,10 +63,13 @@ def _regroup(ids, counts):
 class StepFunctions:
     """Builds and caches the step functions of one model (see the module docstring)."""
 
-    def __init__(self, model, param_names, params, settings, offsets, num_splits, compiled):
+    def __init__(self, model, param_names, params, settings, offsets, num_splits, compiled, chunk_forwards=False):
         self.model, self.names, self.params = model, list(param_names), list(params)
         self.settings, self.offsets, self.num_splits = dict(settings), tuple(int(o) for o in offsets), int(num_splits)
         self.compiled = bool(compiled) and compat.IS_MINDSPORE
+        # op by op with num_splits > 1: one forward per chunk (the caller then sets model.num_splits 1, so that
+        # the batch norms take each chunk's statistics); compiled steps always run one forward
+        self.chunk_forwards = bool(chunk_forwards) and not self.compiled
         self.cache = {}
         if self.compiled:
             compat.jit.prepare(model)
@@ -125,15 +130,32 @@ class StepFunctions:
         name = "%s_loss_%s" % (kind, signature(present))
 
         names, params = self.names, self.params
+        chunk_forwards = self.chunk_forwards and num_splits > 1
+
+        def forward_objective(images, targets, domains):
+            if not chunk_forwards:  # one forward; the model's batch norms take per-chunk statistics
+                return step_objective(kind, model(images), {"targets": targets, "domains": domains,
+                                                            "present": present}, settings, offsets, num_splits)
+            # DataParallel's replicas: one forward per contiguous chunk, the running statistics from chunk
+            # 0's alone (its replica's buffers are the module's), the chunk losses averaged
+            size = int(images.shape[0]) // num_splits
+            per_chunk = []
+            for i in range(num_splits):
+                sl = slice(i * size, (i + 1) * size)
+                with contextlib.ExitStack() as stack:
+                    if i:
+                        stack.enter_context(bn_mode(model, "hold"))
+                    out = model(images[sl])
+                per_chunk.append(step_objective(kind, out, {"targets": targets[sl], "domains": domains[sl],
+                                                            "present": (present[i],)}, settings, offsets, 1)[1])
+            return mean_over_chunks(per_chunk)
 
         def loss_op_by_op(images, targets, domains, *steps):
             if not steps:
-                out = model(images)
-            else:  # steps = the detached α·r·g, so only `p - step` is recorded for differentiation
-                with fast_weights(model, {n: p - s for n, p, s in zip(names, params, steps)}):
-                    out = model(images)
-            return step_objective(kind, out, {"targets": targets, "domains": domains, "present": present},
-                                  settings, offsets, num_splits)
+                return forward_objective(images, targets, domains)
+            # steps = the detached α·r·g, so only `p - step` is recorded for differentiation
+            with fast_weights(model, {n: p - s for n, p, s in zip(names, params, steps)}):
+                return forward_objective(images, targets, domains)
         # One name per graph structure: MindSpore's PyNative grad cache is keyed by it (compat/autograd.py).
         loss_op_by_op.__name__ = loss_op_by_op.__qualname__ = name
         return compat.value_and_grad(loss_op_by_op, self.params)
