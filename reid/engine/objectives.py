@@ -126,13 +126,6 @@ def step_objective(kind, out, batch, settings, offsets, num_splits=1):
     per_chunk = []
     for index, sl in enumerate(_chunks(num_splits, n)):
         per_chunk.append(_chunk_terms(kind, _take(out, batch, sl, index, metric_key), settings, offsets))
-    return mean_over_chunks(per_chunk)
-
-
-def mean_over_chunks(per_chunk):
-    """(total, terms) from the per-chunk term dicts: each term the mean over the chunks, total their sum.
-    (Also what reid/engine/steps.py averages when every chunk has its own forward.)"""
-    num_splits = len(per_chunk)
     # every chunk has the same terms; plain loops with reads only (compiled code cannot parse dict
     # comprehensions, and membership tests on a dict being filled failed to compile)
     terms, total = {}, None

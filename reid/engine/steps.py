@@ -29,7 +29,7 @@ import numpy as np
 
 import compat
 from compat.errors import UserError
-from reid.engine.objectives import mean_over_chunks, step_objective
+from reid.engine.objectives import step_objective
 from reid.modeling import bn_mode, fast_weights
 from reid.modeling.heads import train_dict
 
@@ -58,6 +58,20 @@ def _regroup(ids, counts):
         out = out + (ids[start:start + k],)
         start = start + k
     return out
+
+
+def _concatenated(outputs):
+    """The train-mode output dicts of consecutive chunks as one dict (dim 0; lists element-wise; None stays)."""
+    cat = compat.torch.cat
+    merged = {}
+    for key, value in outputs[0].items():
+        if value is None:
+            merged[key] = None
+        elif isinstance(value, (list, tuple)):
+            merged[key] = [cat([out[key][j] for out in outputs], 0) for j in range(len(value))]
+        else:
+            merged[key] = cat([out[key] for out in outputs], 0)
+    return merged
 
 
 class StepFunctions:
@@ -137,18 +151,17 @@ class StepFunctions:
                 return step_objective(kind, model(images), {"targets": targets, "domains": domains,
                                                             "present": present}, settings, offsets, num_splits)
             # DataParallel's replicas: one forward per contiguous chunk, the running statistics from chunk
-            # 0's alone (its replica's buffers are the module's), the chunk losses averaged
+            # 0's alone (its replica's buffers are the module's); the objective then cuts the concatenated
+            # outputs into the same chunks (exactly: a slice of a concatenation) and averages their losses
             size = int(images.shape[0]) // num_splits
-            per_chunk = []
+            outs = []
             for i in range(num_splits):
-                sl = slice(i * size, (i + 1) * size)
                 with contextlib.ExitStack() as stack:
                     if i:
                         stack.enter_context(bn_mode(model, "hold"))
-                    out = model(images[sl])
-                per_chunk.append(step_objective(kind, out, {"targets": targets[sl], "domains": domains[sl],
-                                                            "present": (present[i],)}, settings, offsets, 1)[1])
-            return mean_over_chunks(per_chunk)
+                    outs.append(model(images[i * size:(i + 1) * size]))
+            return step_objective(kind, _concatenated(outs), {"targets": targets, "domains": domains,
+                                                              "present": present}, settings, offsets, num_splits)
 
         def loss_op_by_op(images, targets, domains, *steps):
             if not steps:
