@@ -12,7 +12,8 @@ yacs config), the label offsets, the chunk count and `present`. Two ways to run 
 
 - op by op (`compiled=False`, and always on torch): `compat.value_and_grad`; fast weights enter as
   arguments of the differentiated function (`fast_weights`), each function has its own name (MindSpore's
-  PyNative grad cache, compat/autograd.py).
+  PyNative grad cache, compat/autograd.py). With `chunk_forwards` (MODEL.CHUNK_FORWARDS) and num_splits > 1
+  the model runs once per chunk, as DataParallel's replicas (docs/method.md#dataparallel).
 - compiled (`compiled=True`, MODEL.JIT on MindSpore): `compat.jit.value_and_grad`, one static graph per
   cache entry (compile time logged once). Python state is baked into a graph when it is built, so the BN
   mode is set around the call, outside the graph. The meta-test graph is the plain forward: because the
