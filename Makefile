@@ -53,7 +53,7 @@ MT_TESTS := tests/test_compat_checkpoint.py tests/test_compat_custom_op.py tests
 	tests/test_compat_errors.py tests/test_compat_norm.py tests/test_compat_optim.py tests/test_compat_schedules.py \
 	tests/test_losses.py tests/test_modeling.py tests/test_modeling_units.py tests/test_evaluation.py \
 	tests/test_evaluation_parity.py tests/test_compiled.py tests/test_training.py tests/test_training_spec.py \
-	tests/test_compat_functional.py
+	tests/test_compat_functional.py tests/test_compat_shims.py
 test: setup
 	.venv-torch/bin/ruff check .
 	REID_ALLOW_MISSING_BACKEND= REID_BACKEND=mindspore $(MS_PY) -m pytest tests -q --ignore=tests/test_compiled_steps.py \

@@ -4,19 +4,22 @@ batch) and a meta step (meta-train forward/backward, fast weights, meta-test for
 through the real Trainer.
 
 Sizes: demo (configs/synthetic/acl.yml: BASE_WIDTH 8, 64x32, batch 64, meta batches 2x32 + 32, NUM_SPLITS 1),
-full (BASE_WIDTH 64, 256x128, batch 16, meta batches 2x8 + 8, NUM_SPLITS 1) and full-b8 (the same at half
-the batch: 8, meta batches 2x4 + 4). The default is demo,full-b8: on CPU a full-size batch-16 step of the
-MindSpore backend needs more than 24 GB of memory (the kernel's OOM killer stopped it at 24 GB resident on
-our 24 GiB machines). Data: a small synthetic set
-(augmentation off, loader in the main process; reading and resizing the images is part of each step, about
-1% of it). Class counts come from that data, so the full-size head is smaller than Protocol-2's.
-Before timing, each side runs a basic step and meta steps until every source domain has been the meta-test
-domain once, so that no step signature builds its (MindSpore) backward graph or compiled graph inside the
-timed calls (the warm-up time printed includes the compiled graphs' build). Each side runs in a fresh process,
-so the peak resident memory printed is that variant's own.
+full (BASE_WIDTH 64, 256x128, batch 16, meta batches 2x8 + 8, NUM_SPLITS 1) and full-b8 (the same at half the
+batch: 8, meta batches 2x4 + 4); demo-s4 and full-b8-s2 are demo and full-b8 with MODEL.NUM_SPLITS 4 and 2,
+where --batch-forwards adds each backend's MODEL.CHUNK_FORWARDS False run (one forward over the batch with
+per-chunk BN statistics instead of one forward per chunk). The default is demo,full-b8: on CPU a full-size
+batch-16 step of the MindSpore backend needs more than 24 GB of memory (the kernel's OOM killer stopped it at
+24 GB resident on our 24 GiB machines). Data: a small synthetic set (augmentation off, loader in the main
+process; reading and resizing the images is part of each step, about 1% of it). Class counts come from that
+data, so the full-size head is smaller than Protocol-2's. Before timing, each side runs a basic step and meta
+steps until every source domain has been the meta-test domain once, so that no step signature builds its
+(MindSpore) backward graph or compiled graph inside the timed calls (the warm-up time printed includes the
+compiled graphs' build). Each side runs in a fresh process, so the peak resident memory printed is that
+variant's own.
 
     python bench/train_step.py [--sizes demo,full-b8,full] [--repeats 3] [--stacks msadapter,mindtorch]
         [--memory-level O1] [--variants mindspore-compiled,torch] [--basic-only] [--max-rss-gb 16]
+        [--batch-forwards]
 
 Each compiled graph's build line is printed (compat.jit: seconds, resident memory it added and what was
 left after releasing the build's leftovers). Besides each variant's peak resident memory, the peak after
@@ -42,6 +45,10 @@ SIZES = {
     "full-b8": ["MODEL.BACKBONE.BASE_WIDTH", "64", "INPUT.SIZE_TRAIN", "[256,128]", "SOLVER.IMS_PER_BATCH", "8",
                 "META.IMS_PER_DOMAIN", "4", "MODEL.NUM_SPLITS", "1"],
 }
+# the original's DataParallel emulation (for --batch-forwards): demo with 4 chunks (16 images each in basic
+# steps), full-b8 with 2 (4 images each; its meta-test chunks would hold one identity: use --basic-only)
+SIZES["demo-s4"] = SIZES["demo"][:-1] + ["4"]
+SIZES["full-b8-s2"] = SIZES["full-b8"][:-1] + ["2"]
 COMMON = ["DATASETS.NAMES", "['SynthA','SynthB','SynthC']", "DATASETS.TESTS", "[]", "DATASETS.SYNTHETIC.NUM_IDS",
           "80", "DATALOADER.NUM_WORKERS", "0", "INPUT.AUTOAUG.ENABLED", "False", "INPUT.FLIP.ENABLED", "False",
           "INPUT.PADDING.ENABLED", "False", "INPUT.CJ.ENABLED", "False"]
@@ -76,11 +83,11 @@ def _reset_peak_rss():
         fh.write("5")
 
 
-def measure(overrides, root, repeats, jit=False, memory_level=None, steps=("basic", "meta")):
+def measure(overrides, root, repeats, jit=False, memory_level=None, steps=("basic", "meta"), chunk_forwards=True):
     """Seconds per step (median of `repeats`) after the warm-up, the warm-up's seconds, and the peak resident
     memory after the first basic step alone (compiled: one graph) as well as at the end (the runner adds it).
     `memory_level`: MindSpore's memory_optimize_level; `steps`: ("basic",) times basic steps only and warms
-    up nothing else."""
+    up nothing else; `chunk_forwards`: MODEL.CHUNK_FORWARDS (matters with NUM_SPLITS > 1)."""
     import time
 
     import compat
@@ -93,7 +100,8 @@ def measure(overrides, root, repeats, jit=False, memory_level=None, steps=("basi
         mindspore.set_context(memory_optimize_level=memory_level)
     cfg = load_cfg(os.path.join(ROOT, "configs", "synthetic", "acl.yml"),
                    COMMON + overrides + ["DATASETS.ROOT", root, "OUTPUT_DIR", os.path.join(root, "out"),
-                                         "MODEL.JIT", str(bool(jit))])
+                                         "MODEL.JIT", str(bool(jit)),
+                                         "MODEL.CHUNK_FORWARDS", str(bool(chunk_forwards))])
     trainer = Trainer(cfg, quiet=True)
     trainer.iter = 1
     start = time.perf_counter()
@@ -118,6 +126,9 @@ def _options(parser):
     parser.add_argument("--variants", default="", help="comma-separated labels to run (default: all), e.g. "
                         "mindspore-compiled,torch where op by op does not fit in memory")
     parser.add_argument("--basic-only", action="store_true", help="time basic steps only (one graph compiled)")
+    parser.add_argument("--batch-forwards", action="store_true", help="also time MODEL.CHUNK_FORWARDS False (one "
+                        "forward over the batch, per-chunk BN statistics) on each backend, labels *-batchfwd; "
+                        "for the sizes with NUM_SPLITS > 1 (demo-s4, full-b8-s2)")
     parser.add_argument("--max-rss-gb", type=float, default=16.0, help="kill a run whose resident memory exceeds "
                         "this (default 16; 0: no watchdog); it is reported as 'exceeds N GB'")
 
@@ -130,7 +141,13 @@ def main():
         if args.memory_level:
             compiled["memory_level"] = args.memory_level
         # per MindSpore stack: op by op and compiled (MODEL.JIT)
-        variants = stack_variants(args.stacks, {"-compiled": compiled})
+        extra = {"-compiled": compiled}
+        if args.batch_forwards:
+            extra["-batchfwd"] = {"chunk_forwards": False}
+        variants = stack_variants(args.stacks, extra)
+        if args.batch_forwards:  # torch's own (the reference of every ratio stays the default torch run)
+            variants = dict(variants, **{"torch-batchfwd": ("torch", {"chunk_forwards": False},
+                                                            variants["torch"][2])})
         if args.variants:
             variants = {k: v for k, v in variants.items() if k in args.variants.split(",")}
         common = {"steps": ("basic",)} if args.basic_only else {}

@@ -54,6 +54,7 @@ def _import_torch_api_on_mindspore():
             continue
         if layer == "mindtorch.torch":
             shims.apply_after_import(torch)
+        shims.fix_tensor_metaclass(torch)  # MSAdapter: an out-of-bounds read that crashes now and then
         top = importlib.import_module(layer.split(".")[0])
         version = getattr(top, "__version__", None)
         if version is None:

@@ -86,11 +86,7 @@ def main():
     def fast_weight_steps(grads):
         computed = own_steps(grads)
         if args.follow:
-            # through one op (x * 1.0: exact) rather than as the tensors compat.as_tensor builds from host
-            # data: tried against MindSpore 2.0's intermittent SIGSEGV in the 2-rank run (0 crashes in 4 runs
-            # with it, but 1 in the next merged `make test`, at another op), so not the fix (README Known
-            # limitations); kept because it costs nothing
-            return [compat.as_tensor(a) * 1.0 for a in compat.checkpoint.load(state_path("fast"))]
+            return [compat.as_tensor(a) for a in compat.checkpoint.load(state_path("fast"))]
         if args.record:
             compat.checkpoint.save([compat.to_numpy(x) for x in computed], state_path("fast"))
         return computed

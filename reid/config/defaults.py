@@ -19,6 +19,11 @@ _C.MODEL.PIXEL_STD = [58.395, 57.12, 57.375]
 # Emulate the original's nn.DataParallel over 4 GPUs: BN statistics and losses per contiguous chunk
 # (docs/method.md#dataparallel). 1 = whole-batch semantics.
 _C.MODEL.NUM_SPLITS = 4
+# With NUM_SPLITS > 1, op by op: True runs one forward per chunk, as DataParallel's replicas do (the kernels see
+# a chunk, so a data-parallel run's ranks compute the same); False one forward over the whole batch with
+# per-chunk BN statistics (the same function, rounded differently; compiled steps always do this). Cost of True:
+# none measured at full size; at demo width with 4 chunks a MindSpore step takes 2.4-3.5x longer (README).
+_C.MODEL.CHUNK_FORWARDS = True
 # MindSpore: compiled training steps (static graphs, compat/jit.py); False: op by op. Off by default: each of the
 # 3+ step graphs takes minutes to build and a compiled run peaks at several times the memory (README).
 _C.MODEL.JIT = False

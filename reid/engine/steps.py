@@ -12,7 +12,8 @@ yacs config), the label offsets, the chunk count and `present`. Two ways to run 
 
 - op by op (`compiled=False`, and always on torch): `compat.value_and_grad`; fast weights enter as
   arguments of the differentiated function (`fast_weights`), each function has its own name (MindSpore's
-  PyNative grad cache, compat/autograd.py).
+  PyNative grad cache, compat/autograd.py). With `chunk_forwards` (MODEL.CHUNK_FORWARDS) and num_splits > 1
+  the model runs once per chunk, as DataParallel's replicas (docs/method.md#dataparallel).
 - compiled (`compiled=True`, MODEL.JIT on MindSpore): `compat.jit.value_and_grad`, one static graph per
   cache entry (compile time logged once). Python state is baked into a graph when it is built, so the BN
   mode is set around the call, outside the graph. The meta-test graph is the plain forward: because the
@@ -23,6 +24,8 @@ yacs config), the label offsets, the chunk count and `present`. Two ways to run 
 Gradients come back for every parameter (zeros where the loss does not reach); the trainer applies
 single-device "None" semantics afterwards (`Trainer._drop_unused`), outside any graph.
 """
+import contextlib
+
 import numpy as np
 
 import compat
@@ -58,13 +61,30 @@ def _regroup(ids, counts):
     return out
 
 
+def _concatenated(outputs):
+    """The train-mode output dicts of consecutive chunks as one dict (dim 0; lists element-wise; None stays)."""
+    cat = compat.torch.cat
+    merged = {}
+    for key, value in outputs[0].items():
+        if value is None:
+            merged[key] = None
+        elif isinstance(value, (list, tuple)):
+            merged[key] = [cat([out[key][j] for out in outputs], 0) for j in range(len(value))]
+        else:
+            merged[key] = cat([out[key] for out in outputs], 0)
+    return merged
+
+
 class StepFunctions:
     """Builds and caches the step functions of one model (see the module docstring)."""
 
-    def __init__(self, model, param_names, params, settings, offsets, num_splits, compiled):
+    def __init__(self, model, param_names, params, settings, offsets, num_splits, compiled, chunk_forwards=False):
         self.model, self.names, self.params = model, list(param_names), list(params)
         self.settings, self.offsets, self.num_splits = dict(settings), tuple(int(o) for o in offsets), int(num_splits)
         self.compiled = bool(compiled) and compat.IS_MINDSPORE
+        # op by op with num_splits > 1: one forward per chunk (the caller then sets model.num_splits 1, so that
+        # the batch norms take each chunk's statistics); compiled steps always run one forward
+        self.chunk_forwards = bool(chunk_forwards) and not self.compiled
         self.cache = {}
         if self.compiled:
             compat.jit.prepare(model)
@@ -125,15 +145,31 @@ class StepFunctions:
         name = "%s_loss_%s" % (kind, signature(present))
 
         names, params = self.names, self.params
+        chunk_forwards = self.chunk_forwards and num_splits > 1
+
+        def forward_objective(images, targets, domains):
+            if not chunk_forwards:  # one forward; the model's batch norms take per-chunk statistics
+                return step_objective(kind, model(images), {"targets": targets, "domains": domains,
+                                                            "present": present}, settings, offsets, num_splits)
+            # DataParallel's replicas: one forward per contiguous chunk, the running statistics from chunk
+            # 0's alone (its replica's buffers are the module's); the objective then cuts the concatenated
+            # outputs into the same chunks (exactly: a slice of a concatenation) and averages their losses
+            size = int(images.shape[0]) // num_splits
+            outs = []
+            for i in range(num_splits):
+                with contextlib.ExitStack() as stack:
+                    if i:
+                        stack.enter_context(bn_mode(model, "hold"))
+                    outs.append(model(images[i * size:(i + 1) * size]))
+            return step_objective(kind, _concatenated(outs), {"targets": targets, "domains": domains,
+                                                              "present": present}, settings, offsets, num_splits)
 
         def loss_op_by_op(images, targets, domains, *steps):
             if not steps:
-                out = model(images)
-            else:  # steps = the detached α·r·g, so only `p - step` is recorded for differentiation
-                with fast_weights(model, {n: p - s for n, p, s in zip(names, params, steps)}):
-                    out = model(images)
-            return step_objective(kind, out, {"targets": targets, "domains": domains, "present": present},
-                                  settings, offsets, num_splits)
+                return forward_objective(images, targets, domains)
+            # steps = the detached α·r·g, so only `p - step` is recorded for differentiation
+            with fast_weights(model, {n: p - s for n, p, s in zip(names, params, steps)}):
+                return forward_objective(images, targets, domains)
         # One name per graph structure: MindSpore's PyNative grad cache is keyed by it (compat/autograd.py).
         loss_op_by_op.__name__ = loss_op_by_op.__qualname__ = name
         return compat.value_and_grad(loss_op_by_op, self.params)

@@ -119,7 +119,12 @@ class Trainer(TrainLoop):
         # data parallel: every rank starts from rank 0's weights and running statistics, and emulates its
         # share of the MODEL.NUM_SPLITS devices (docs/method.md#dataparallel)
         self.dist.broadcast_(list(named_state(self.model).values()))
-        self.model.num_splits = local_splits(int(cfg.MODEL.NUM_SPLITS), self.dist.world_size)
+        self.num_splits = local_splits(int(cfg.MODEL.NUM_SPLITS), self.dist.world_size)
+        compiled = compat.jit.enabled(cfg.MODEL.JIT)
+        # MODEL.CHUNK_FORWARDS: one forward per chunk (the step functions split the batch; the batch norms see
+        # one chunk), else one forward with per-chunk batch-norm statistics (always so in compiled steps)
+        chunk_forwards = bool(cfg.MODEL.CHUNK_FORWARDS) and not compiled
+        self.model.num_splits = 1 if chunk_forwards else self.num_splits
 
         norm_names = {"%s.%s" % (mod_name, p_name) if mod_name else p_name
                       for mod_name, mod in self.model.named_modules()
@@ -139,11 +144,10 @@ class Trainer(TrainLoop):
         self.max_iter = int(cfg.SOLVER.MAX_EPOCH) * self.iters_per_epoch
         self.schedule = LRSchedule.from_config(cfg.SOLVER, cfg.SOLVER.BASE_LR, self.iters_per_epoch)
         self.meta_rng = np.random.RandomState(int(cfg.SEED) + 1)
-        self.num_splits = self.model.num_splits
         self.offsets = list(data.offsets)
         # the differentiated step functions, built once from the config; compiled with MODEL.JIT on MindSpore
         self.steps = StepFunctions(self.model, self.param_names, self.params, loss_settings(cfg), self.offsets,
-                                   self.num_splits, compat.jit.enabled(cfg.MODEL.JIT))
+                                   self.num_splits, compiled, chunk_forwards)
         self.start_iter = 0
         self.iter = 0
         self.step_log = []       # (iteration, kind, total loss) of every step: the loss trajectory
