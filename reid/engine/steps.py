@@ -149,20 +149,19 @@ class StepFunctions:
 
         def forward_objective(images, targets, domains):
             if not chunk_forwards:  # one forward; the model's batch norms take per-chunk statistics
-                return step_objective(kind, model(images), {"targets": targets, "domains": domains,
-                                                            "present": present}, settings, offsets, num_splits)
-            # DataParallel's replicas: one forward per contiguous chunk, the running statistics from chunk
-            # 0's alone (its replica's buffers are the module's); the objective then cuts the concatenated
-            # outputs into the same chunks (exactly: a slice of a concatenation) and averages their losses
-            size = int(images.shape[0]) // num_splits
-            outs = []
-            for i in range(num_splits):
-                with contextlib.ExitStack() as stack:
-                    if i:
-                        stack.enter_context(bn_mode(model, "hold"))
-                    outs.append(model(images[i * size:(i + 1) * size]))
-            return step_objective(kind, _concatenated(outs), {"targets": targets, "domains": domains,
-                                                              "present": present}, settings, offsets, num_splits)
+                out = model(images)
+            else:
+                # DataParallel's replicas: one forward per contiguous chunk, the running statistics from chunk
+                # 0's alone (its replica's buffers are the module's); the objective then cuts the concatenated
+                # outputs into the same chunks (exactly: a slice of a concatenation) and averages their losses
+                size = int(images.shape[0]) // num_splits
+                outs = []
+                for i in range(num_splits):
+                    with bn_mode(model, "hold") if i else contextlib.nullcontext():
+                        outs.append(model(images[i * size:(i + 1) * size]))
+                out = _concatenated(outs)
+            return step_objective(kind, out, {"targets": targets, "domains": domains, "present": present},
+                                  settings, offsets, num_splits)
 
         def loss_op_by_op(images, targets, domains, *steps):
             if not steps:
