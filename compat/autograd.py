@@ -13,6 +13,11 @@ under the function's name/qualname. When one name is seen with a different op se
 process to its "dynamic shape" path for good (every later backward, of any function, about 2x slower). So the
 wrapper below carries `fn`'s name, and callers give functions that build different graphs different names
 (e.g. one per training-step kind); a closure created afresh each step under the same name is fine.
+The same switch happens when the op sequence of one function changes between its first and second call
+because some code runs MindSpore ops once, lazily, on first use: `compat.norm.probe_kernel` (a one-off batch
+norm on two values, asked by the first training-mode batch norm) did so inside the first recorded forward, and
+every later op-by-op training step then rebuilt and recompiled its backward graph (a demo basic step 2.4x
+slower, bench/train_step.py). Such probes therefore run before the first recorded call (`_eager_probes`).
 """
 import functools
 
@@ -61,6 +66,7 @@ def _ms_value_and_grad(fn, params):
         return loss
 
     grad_fn = mindspore.value_and_grad(loss_only, None, weights)
+    _eager_probes()
     index = {id(p): i for i, p in enumerate(weights)}
 
     def run(*args, **kwargs):
@@ -85,6 +91,12 @@ def _ms_value_and_grad(fn, params):
 
 
 _PROBED = {}
+
+
+def _eager_probes():
+    """Run the framework's once-per-process probes now, outside any recorded forward (module docstring)."""
+    from compat.norm import probe_kernel
+    probe_kernel()
 
 
 def _param_argument_is_an_input():

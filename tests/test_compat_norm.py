@@ -116,3 +116,64 @@ def test_instance_norm_compiled_equals_op_by_op():
         _, _, got_grads = compat.jit.value_and_grad(loss_and_aux, [w, b], "test_in_grad_%d" % len(shape))(x)
         for name, r, g in zip(("weight", "bias"), ref_grads, got_grads):
             np.testing.assert_allclose(compat.to_numpy(g), compat.to_numpy(r), rtol=1e-6, atol=1e-6, err_msg=name)
+
+
+def case_recorded_ops():
+    """Primitive names MindSpore runs in each of three calls of one op-by-op differentiated function holding a
+    training-mode batch norm, in a process where no batch norm ran before."""
+    import compat
+    from mindspore.common.api import _pynative_executor
+    rng = np.random.RandomState(0)
+    weight = compat.nn.Parameter(compat.as_tensor(rng.rand(3).astype(np.float32) + 0.5))
+    bias = compat.nn.Parameter(compat.as_tensor(np.zeros(3, np.float32)))
+    rm, rv = compat.state_buffer(np.zeros(3)), compat.state_buffer(np.ones(3))
+
+    def bn_loss(inp):
+        return (compat.batch_norm(inp, rm, rv, weight, bias, "general", 0.1, 1e-5) ** 2).sum()
+
+    step = compat.value_and_grad(bn_loss, [weight, bias])
+    executor = type(_pynative_executor)
+    original = executor.run_op_async
+    calls = []
+
+    def recording(self, prim, args):
+        calls[-1].append(prim.name)
+        return original(self, prim, args)
+    executor.run_op_async = recording
+    try:
+        for _ in range(3):
+            calls.append([])
+            step(compat.as_tensor(rng.randn(4, 3, 2, 2).astype(np.float32)))
+    finally:
+        executor.run_op_async = original
+    return {"calls": calls}
+
+
+def test_first_differentiated_call_records_the_same_ops_as_later_ones():
+    """MindSpore 2.0's PyNative grad executor compares each call's op sequence with the previous call's; a
+    difference (here: the batch-norm kernel probe, run lazily on the first training-mode batch norm) switches
+    the function to its dynamic path, which rebuilds and recompiles the backward graph on every later call
+    (the demo basic step was 2.4x slower). compat.value_and_grad runs the probe before the first recorded call;
+    a fresh process, because the probe runs once per process."""
+    import compat
+    if not compat.IS_MINDSPORE:
+        pytest.skip("MindSpore's grad executor")
+    import os
+    import pickle
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    with tempfile.TemporaryDirectory(prefix="fresh-") as tmp:
+        src, dst = Path(tmp) / "in.pkl", Path(tmp) / "out.pkl"
+        with open(src, "wb") as fh:
+            pickle.dump([("tests.test_compat_norm:case_recorded_ops", {})], fh, protocol=4)
+        proc = subprocess.run([sys.executable, str(root / "tests" / "_crossenv_child.py"), str(src), str(dst)],
+                              cwd=str(root), env=dict(os.environ, PYTHONPATH=str(root)), capture_output=True,
+                              text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        with open(dst, "rb") as fh:
+            calls = pickle.load(fh)[0]["calls"]
+    assert "BatchNorm" in calls[0]
+    assert calls[0] == calls[1] == calls[2]
