@@ -129,6 +129,10 @@ _C.SOLVER.WARMUP_METHOD = "linear"
 _C.SOLVER.WARMUP_FACTOR = 0.01
 _C.SOLVER.WARMUP_EPOCHS = 10
 _C.SOLVER.CLIP_GRADIENTS = CN({"ENABLED": False, "MAX_NORM": 5.0})
+# An exponential moving average of the weights and BN running statistics, which the evaluations score instead
+# of the last weights (reid/engine/hooks.py WeightAverage; not in the original). DECAY per iteration (horizon
+# about 1 / (1 - DECAY) iterations), from iteration START_ITER, updated every PERIOD iterations.
+_C.SOLVER.EMA = CN({"ENABLED": False, "DECAY": 0.99, "START_ITER": 0, "PERIOD": 1})
 _C.SOLVER.CHECKPOINT_PERIOD = 5      # epochs between model_XXXX.pth checkpoints (kept)
 # Iterations between model_iter_XXXXXXX.pth checkpoints (only the newest is kept; 0: none), so that a crash
 # in a long epoch loses little: 200 is a sixth of a full-size Protocol-2 -> CUHK03 epoch (1,214 iterations).

@@ -61,11 +61,16 @@ def load_training_state(path):
 
 
 def model_state_from_file(path):
-    """The model state dict stored in `path`: a training checkpoint of ours ({'model': ...}), or a plain
+    """The model state dict stored in `path`: a training checkpoint of ours ({'model': ...}; the weight
+    average instead when it was trained with SOLVER.EMA, the weights its evaluations scored), or a plain
     state dict (ours or a real PyTorch `.pth`)."""
     if not os.path.isfile(path):
         raise UserError("weights file %s does not exist; check MODEL.WEIGHTS" % path)
     state = ckpt_io.load(path)
+    hooks = state.get("hooks") if isinstance(state, dict) else None
+    average = (hooks.get("WeightAverage") or {}).get("average") if isinstance(hooks, dict) else None
+    if isinstance(average, dict):
+        return average
     if isinstance(state, dict) and isinstance(state.get("model"), dict):
         return state["model"]
     if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):

@@ -6,12 +6,17 @@ written next holds its scalars and the checkpoint written last holds its state. 
 lacks an evaluation or a log record that an uninterrupted run would have made before that point, which is
 what lets a resumed run (`--resume`, or a restart after a crash) end with the same logs and results.
 """
+import contextlib
 import glob
 import json
 import math
 import os
 
+import numpy as np
 from tqdm import tqdm
+
+import compat
+from compat.errors import UserError
 
 from reid.engine.events import MetricsWriter, plot_curves
 from reid.engine.train_loop import HookBase
@@ -20,7 +25,7 @@ BEST_CHECKPOINT = "model_best.pth"
 FINAL_CHECKPOINT = "model_final.pth"
 
 __all__ = ["HookBase", "ProgressBar", "MetricsLogger", "PeriodicCheckpointer", "Evaluator", "CurvePlotter",
-           "default_hooks", "selection_score", "BEST_CHECKPOINT", "FINAL_CHECKPOINT"]
+           "WeightAverage", "default_hooks", "selection_score", "BEST_CHECKPOINT", "FINAL_CHECKPOINT"]
 
 
 def epoch_ended(trainer):
@@ -127,6 +132,77 @@ class PeriodicCheckpointer(HookBase):
                     os.remove(old)
 
 
+class WeightAverage(HookBase):
+    """SOLVER.EMA: an exponential moving average of the weights and of the batch-norm running statistics
+    (timm's ModelEmaV2; SWAD, Cha et al. 2021, for why an average of the weights along the trajectory
+    generalises better to unseen domains than the last weights). The evaluator scores the average.
+
+    From iteration `start_iter` on, after every `period`-th iteration (and after the last one), each
+    floating-point tensor of the model's state becomes ``a = d**k * a + (1 - d**k) * w`` with d = `decay` per
+    iteration and k the iterations since the previous update (so `period` thins the updates without changing
+    the horizon, about 1 / (1 - d) iterations); the first update copies the weights. Integer buffers
+    (num_batches_tracked) are copied. The average lives in numpy on the host: one host read per tensor per
+    update, no framework ops (the same cost on both backends, nothing for MindSpore to record or compile).
+
+    Its state (`state_dict`: the average and the iteration of its last update) is saved in every checkpoint
+    with the other hooks' states, so --resume continues the same average; `model_state_from_file` (test.py,
+    MODEL.WEIGHTS) takes the average from a checkpoint that has one, i.e. the weights its evaluations scored."""
+
+    def __init__(self, decay, start_iter=0, period=1):
+        if not 0.0 <= float(decay) < 1.0:
+            raise UserError("SOLVER.EMA.DECAY must be in [0, 1), got %r; e.g. 0.98 averages over about the last "
+                            "50 iterations" % (decay,))
+        self.decay, self.start_iter, self.period = float(decay), int(start_iter), max(int(period), 1)
+        self.average = None   # {state-dict name: numpy array}
+        self.updated = None   # iteration of the last update
+
+    def state_dict(self):
+        return {"average": self.average, "updated": self.updated}
+
+    def load_state_dict(self, state):
+        average = state.get("average")
+        self.average = None if average is None else {k: np.array(v) for k, v in average.items()}
+        self.updated = state.get("updated")
+
+    def due(self, iteration):
+        t = self.trainer
+        return iteration >= self.start_iter and ((iteration - self.start_iter) % self.period == 0
+                                                 or iteration + 1 == t.max_iter)
+
+    def update(self, iteration):
+        current = self.trainer.model.state_dict()
+        if self.average is None:
+            self.average = {k: np.array(compat.to_numpy(v)) for k, v in current.items()}
+        else:
+            keep = self.decay ** (iteration - self.updated)
+            for name, value in current.items():
+                value, average = compat.to_numpy(value), self.average[name]
+                if np.issubdtype(average.dtype, np.floating):
+                    average *= keep
+                    average += (1.0 - keep) * value
+                else:
+                    average[...] = value
+        self.updated = int(iteration)
+
+    def after_step(self):
+        if self.due(self.trainer.iter):
+            self.update(self.trainer.iter)
+
+    @contextlib.contextmanager
+    def applied(self, model):
+        """Within the block the model holds the average (unchanged before the first update); the trained
+        weights are put back after it."""
+        if self.average is None:
+            yield
+            return
+        trained = compat.checkpoint.state_dict(model)
+        compat.checkpoint.load_state_dict(model, self.average)
+        try:
+            yield
+        finally:
+            compat.checkpoint.load_state_dict(model, trained)
+
+
 def selection_score(results):
     """What model_best is chosen by (as the original): (mAP + Rank-1) / 2 on the target dataset, averaged
     over the targets when there are several."""
@@ -145,9 +221,10 @@ class Evaluator(HookBase):
     {"name": "colour histogram", "iteration": None, "results": ...}; the caller supplies them on every run),
     "last" and "best"."""
 
-    def __init__(self, evaluate_fn, period_epochs, at_start=False, extra_rows=()):
+    def __init__(self, evaluate_fn, period_epochs, at_start=False, extra_rows=(), average=None):
         self.evaluate_fn, self.period, self.at_start = evaluate_fn, max(int(period_epochs), 0), at_start
         self.extra_rows = list(extra_rows)
+        self.average = average  # a WeightAverage hook registered before this one: its average is evaluated
         self.initial = self.last = self.best = None
 
     def state_dict(self):
@@ -158,10 +235,15 @@ class Evaluator(HookBase):
 
     def _evaluate(self, name, iteration, epoch):
         t = self.trainer
-        results = self.evaluate_fn(t.model)
+        averaged = self.average is not None and self.average.average is not None
+        with self.average.applied(t.model) if averaged else contextlib.nullcontext():
+            results = self.evaluate_fn(t.model)
         for dataset, metrics in results.items():
             t.storage.put_scalars({"%s/%s" % (dataset, k): v for k, v in metrics.items()}, iteration=iteration)
-        return {"name": name, "iteration": iteration, "epoch": epoch, "results": results}
+        row = {"name": name, "iteration": iteration, "epoch": epoch, "results": results}
+        if averaged:
+            row["averaged"] = True  # the weight average (SOLVER.EMA), not the weights of that iteration
+        return row
 
     def before_train(self):
         if self.at_start and self.trainer.start_iter == 0:
@@ -217,16 +299,21 @@ class CurvePlotter(HookBase):
 
 
 def default_hooks(trainer, evaluate_fn=None, progress=True):
-    """[progress bar], [evaluator], metrics log, checkpointer, curve plot, in this order (see the module)."""
+    """[progress bar], [weight average], [evaluator], metrics log, checkpointer, curve plot, in this order (see
+    the module)."""
     cfg = trainer.cfg
     writer = MetricsWriter(cfg.OUTPUT_DIR)
     checkpointer = PeriodicCheckpointer(cfg.SOLVER.CHECKPOINT_PERIOD, cfg.SOLVER.CHECKPOINT_ITERS)
-    evaluator = Evaluator(evaluate_fn, cfg.TEST.EVAL_PERIOD, at_start=cfg.TEST.EVAL_AT_START) if evaluate_fn else None
+    ema = cfg.SOLVER.EMA
+    average = WeightAverage(ema.DECAY, ema.START_ITER, ema.PERIOD) if ema.ENABLED else None
+    evaluator = Evaluator(evaluate_fn, cfg.TEST.EVAL_PERIOD, at_start=cfg.TEST.EVAL_AT_START,
+                          average=average) if evaluate_fn else None
 
     def flush_at(iteration):
         return checkpointer.due(iteration) is not None or (evaluator is not None and evaluator.due(iteration))
 
     hooks = [ProgressBar() if progress else None,
+             average,    # before the evaluator, which scores the average, and the checkpointer, which saves it
              evaluator,
              MetricsLogger(writer, cfg.LOG_PERIOD, flush_at=flush_at),
              checkpointer,
