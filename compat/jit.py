@@ -106,6 +106,42 @@ def eager_only(fn):
     return ops.constexpr(run, check=False, reuse_result=False)
 
 
+def compiled_form(graph_fn):
+    """Decorator for a method: inside graphs MindSpore parses `graph_fn` (same signature) instead of it.
+
+    For a method whose Python generality compiled code never needs, e.g. a lookup that only op-by-op code
+    can hit: every branch of a method a graph calls is specialised for each call site, so a branch-free
+    compiled form keeps the graph (and its build time and memory) smaller. The classes' methods are swapped
+    only while a graph is built (`_Timed`); op by op, and on torch, the method itself runs. `graph_fn` must
+    give the method's result in every state compiled code can be in."""
+    def mark(fn):
+        if not _c.IS_MINDSPORE:
+            return fn
+        return _CompiledForm(fn, graph_fn)
+    return mark
+
+
+class _CompiledForm:
+    """Placeholder a `compiled_form` method stays in the class body: it registers (class, name, method, graph
+    form) when the class is made and puts the plain method in its own place."""
+
+    def __init__(self, fn, graph_fn):
+        self.fn, self.graph_fn = fn, graph_fn
+
+    def __set_name__(self, owner, name):
+        setattr(owner, name, self.fn)
+        _COMPILED_FORMS.append((owner, name, self.fn, self.graph_fn))
+
+
+_COMPILED_FORMS = []
+
+
+def _swap_forms(graph):
+    """Put every registered compiled form (graph True) or the method itself (False) in place."""
+    for owner, name, fn, graph_fn in _COMPILED_FORMS:
+        setattr(owner, name, graph_fn if graph else fn)
+
+
 def state_buffer(array):
     """A float32 buffer for module state that compiled code updates (running statistics): a tensor on torch,
     a Parameter without gradient on MindSpore (a compiled graph can only write Parameters). Register it with
@@ -397,6 +433,7 @@ class _Timed:
         before = _cache_files(folder) if folder else {}
         note = "; cached in %s" % folder if folder else ""
         _state["graph"] = True
+        _swap_forms(True)
         try:
             out = self.jitted(*args)
         except RuntimeError as exc:
@@ -409,6 +446,7 @@ class _Timed:
             out = self.jitted(*args)
         finally:
             _state["graph"] = False
+            _swap_forms(False)
             if folder is not None:
                 _cache_off()
         built = set(ms_compile_cache) - phases_before

@@ -61,8 +61,8 @@ def batch_norm(x, running_mean, running_var, weight=None, bias=None, mode="gener
                num_splits=1):
     if mode not in MODES:
         raise ValueError("batch_norm mode must be one of general, hold, eval; got %r" % (mode,))
-    if (in_graph() and _c.IS_MINDSPORE and not _c.IS_MINDTORCH and int(num_splits) == 1 and weight is not None
-            and bias is not None):  # MSAdapter: its adapter-tensor cast below
+    if (in_graph() and _c.IS_MINDSPORE and not _c.IS_MINDTORCH and (mode == "eval" or int(num_splits) == 1)
+            and weight is not None and bias is not None):  # MSAdapter (its adapter-tensor cast)
         return _graph_batch_norm(x, running_mean, running_var, weight, bias, mode, momentum, eps)
     F = _c.F
     ndim = x.dim()
@@ -144,14 +144,26 @@ def _graph_instance_norm(x, weight, bias, eps):
     bit for bit; the reductions it replaces (two means, five full-size elementwise ops) cost 2-7x more at
     full size (measured per layer shape, README "Benchmarks")."""
     shape = x.shape
-    ndim = len(shape)
     n, nc = shape[0], shape[0] * shape[1]
-    x4 = x.reshape((1, nc) + tuple(shape[2:]) + (1,) * (4 - ndim))
-    ones, zeros = _ops.ones((nc,), _mstype.float32), _ops.zeros((nc,), _mstype.float32)
-    scale = _ops.tile(weight, (n,)) if weight is not None else ones
-    offset = _ops.tile(bias, (n,)) if bias is not None else zeros
-    y = _prim_cache(_StatelessBatchNorm)(eps)(x4, scale, offset, zeros, ones)[0]
-    return _c.torch.cast_to_adapter_tensor(y).reshape(shape)
+    # MindSpore primitives only (not the layer's Tensor methods and casts, specialised per call site)
+    x4 = _RESHAPE(x, _instance_shape_c(shape))
+    ones, zeros = _FILL(_mstype.float32, (nc,), 1.0), _FILL(_mstype.float32, (nc,), 0.0)
+    scale = _TILE(weight, (n,)) if weight is not None else ones
+    offset = _TILE(bias, (n,)) if bias is not None else zeros
+    y = _stateless_bn_c(eps)(x4, scale, offset, zeros, ones)[0]
+    return _TO_TORCH(_RESHAPE(y, shape))
+
+
+def _instance_shape(shape):
+    """(1, N*C, H, W) for an (N, C, H[, W]) input: instance norm as batch norm over N*C channels."""
+    return (1, shape[0] * shape[1]) + tuple(shape[2:]) + (1,) * (4 - len(shape))
+
+
+def _stateless_bn(eps):
+    key = ("stateless", float(eps))
+    if key not in _BN_PRIMS:
+        _BN_PRIMS[key] = _StatelessBatchNorm(float(eps))
+    return _BN_PRIMS[key]
 
 
 @eager_only
@@ -319,6 +331,8 @@ if _c.IS_MINDSPORE:
     _count_c = _ops.constexpr(_count, check=False)
     _bessel_c = _ops.constexpr(_bessel, check=False)
     _RESHAPE, _ASSIGN, _LERP, _STOP_GRADIENT = _P.Reshape(), _P.Assign(), _P.Lerp(), _P.StopGradient()
+    _TILE, _FILL = _P.Tile(), _P.Fill()
+    _instance_shape_c = _ops.constexpr(_instance_shape, check=False)
     _TO_TORCH = _inner_ops.convert_to_adapter_tensor
     from mindspore.common import dtype as _mstype
 
@@ -333,3 +347,5 @@ if _c.IS_MINDSPORE:
             super().__init__(is_training=True, epsilon=epsilon, momentum=0.0)
             self.set_signatures(tuple())
             self.del_prim_attr("side_effect_mem")
+
+    _stateless_bn_c = _ops.constexpr(_stateless_bn, check=False)
