@@ -61,6 +61,9 @@ def batch_norm(x, running_mean, running_var, weight=None, bias=None, mode="gener
                num_splits=1):
     if mode not in MODES:
         raise ValueError("batch_norm mode must be one of general, hold, eval; got %r" % (mode,))
+    if (in_graph() and _c.IS_MINDSPORE and not _c.IS_MINDTORCH and (mode == "eval" or int(num_splits) == 1)
+            and weight is not None and bias is not None):  # MSAdapter (its adapter-tensor cast)
+        return _graph_batch_norm(x, running_mean, running_var, weight, bias, mode, momentum, eps)
     F = _c.F
     ndim = x.dim()
     if mode == "eval":
@@ -141,14 +144,26 @@ def _graph_instance_norm(x, weight, bias, eps):
     bit for bit; the reductions it replaces (two means, five full-size elementwise ops) cost 2-7x more at
     full size (measured per layer shape, README "Benchmarks")."""
     shape = x.shape
-    ndim = len(shape)
     n, nc = shape[0], shape[0] * shape[1]
-    x4 = x.reshape((1, nc) + tuple(shape[2:]) + (1,) * (4 - ndim))
-    ones, zeros = _ops.ones((nc,), _mstype.float32), _ops.zeros((nc,), _mstype.float32)
-    scale = _ops.tile(weight, (n,)) if weight is not None else ones
-    offset = _ops.tile(bias, (n,)) if bias is not None else zeros
-    y = _prim_cache(_StatelessBatchNorm)(eps)(x4, scale, offset, zeros, ones)[0]
-    return _c.torch.cast_to_adapter_tensor(y).reshape(shape)
+    # MindSpore primitives only (not the layer's Tensor methods and casts, specialised per call site)
+    x4 = _RESHAPE(x, _instance_shape_c(shape))
+    ones, zeros = _FILL(_mstype.float32, (nc,), 1.0), _FILL(_mstype.float32, (nc,), 0.0)
+    scale = _TILE(weight, (n,)) if weight is not None else ones
+    offset = _TILE(bias, (n,)) if bias is not None else zeros
+    y = _stateless_bn_c(eps)(x4, scale, offset, zeros, ones)[0]
+    return _TO_TORCH(_RESHAPE(y, shape))
+
+
+def _instance_shape(shape):
+    """(1, N*C, H, W) for an (N, C, H[, W]) input: instance norm as batch norm over N*C channels."""
+    return (1, shape[0] * shape[1]) + tuple(shape[2:]) + (1,) * (4 - len(shape))
+
+
+def _stateless_bn(eps):
+    key = ("stateless", float(eps))
+    if key not in _BN_PRIMS:
+        _BN_PRIMS[key] = _StatelessBatchNorm(float(eps))
+    return _BN_PRIMS[key]
 
 
 @eager_only
@@ -207,6 +222,68 @@ def probe_kernel():
     return _MS["saved_var_kind"]
 
 
+def _graph_batch_norm(x, running_mean, running_var, weight, bias, mode, momentum, eps):
+    """`_ms_batch_norm` inside a graph being built, written with MindSpore primitives only (each built once per
+    configuration in Python: one constant node): the same kernel, outputs and running-statistics update as op
+    by op, without the torch-API layer's tensor methods and casts, which a graph specialises per call site
+    (~10 nodes per layer instead of ~30, compat/jit.py)."""
+    shape = x.shape
+    x4 = _RESHAPE(x, _shape4_c(shape)) if len(shape) < 4 else x
+    if mode == "eval":
+        y = _bn_prim_c(False, eps)(x4, weight, bias, running_mean, running_var)[0]
+    else:
+        out = _bn_prim_c(True, eps)(x4, weight, bias, running_mean, running_var)
+        y = out[0]
+        if mode == "general":
+            batch_mean = _STOP_GRADIENT(out[3])
+            kind = _saved_var_kind()
+            if kind == "biased":
+                batch_var = _STOP_GRADIENT(out[4]) * _bessel_c(shape)
+            elif kind == "unbiased":
+                batch_var = _STOP_GRADIENT(out[4])
+            else:
+                batch_var = _unbiased_batch_var(out[4], x4, _count_c(shape))
+            _ASSIGN(running_mean, _LERP(running_mean, batch_mean, float(momentum)))
+            _ASSIGN(running_var, _LERP(running_var, batch_var, float(momentum)))
+    if len(shape) < 4:
+        y = _RESHAPE(y, shape)
+    return _TO_TORCH(y)
+
+
+def _shape4(shape):
+    return tuple(shape) + (1,) * (4 - len(shape))
+
+
+def _count(shape):
+    """Values per channel of a batch of `shape` (N, C, ...)."""
+    count = 1
+    for i, n in enumerate(shape):
+        if i != 1:
+            count *= int(n)
+    return count
+
+
+def _bessel(shape):
+    """count / (count - 1): biased -> unbiased variance (the factor op by op multiplies by)."""
+    count = _count(shape)
+    return float(count) / max(count - 1, 1)
+
+
+def _bn_prim(training, eps):
+    """The BatchNorm primitive of one configuration, made once per process (op by op gets the same through
+    MindSpore's primitive cache)."""
+    key = (bool(training), float(eps))
+    if key not in _BN_PRIMS:
+        if training:
+            _BN_PRIMS[key] = _P.BatchNorm(is_training=True, epsilon=float(eps), momentum=0.0)
+        else:
+            _BN_PRIMS[key] = _P.BatchNorm(is_training=False, epsilon=float(eps))
+    return _BN_PRIMS[key]
+
+
+_BN_PRIMS = {}
+
+
 def _ms_batch_norm(x, weight, bias, eps, mode, running_mean=None, running_var=None, momentum=0.1):
     """Fused batch norm on MindSpore. 'eval': normalise with the running statistics. 'hold' / 'general': batch
     statistics; 'general' then applies torch's running-statistics rule (unbiased variance) to the running
@@ -247,6 +324,16 @@ if _c.IS_MINDSPORE:
     from mindspore.ops import operations as _P
     from mindspore.ops._primitive_cache import _get_cache_prim as _prim_cache
     _saved_var_kind = _ops.constexpr(probe_kernel, check=False)
+    from mindspore.ops.operations import _inner_ops
+    # graph-time constants (`_graph_batch_norm`): evaluated in Python while a graph is built
+    _bn_prim_c = _ops.constexpr(_bn_prim, check=False)
+    _shape4_c = _ops.constexpr(_shape4, check=False)
+    _count_c = _ops.constexpr(_count, check=False)
+    _bessel_c = _ops.constexpr(_bessel, check=False)
+    _RESHAPE, _ASSIGN, _LERP, _STOP_GRADIENT = _P.Reshape(), _P.Assign(), _P.Lerp(), _P.StopGradient()
+    _TILE, _FILL = _P.Tile(), _P.Fill()
+    _instance_shape_c = _ops.constexpr(_instance_shape, check=False)
+    _TO_TORCH = _inner_ops.convert_to_adapter_tensor
     from mindspore.common import dtype as _mstype
 
     class _StatelessBatchNorm(_P.BatchNorm):
@@ -260,3 +347,5 @@ if _c.IS_MINDSPORE:
             super().__init__(is_training=True, epsilon=epsilon, momentum=0.0)
             self.set_signatures(tuple())
             self.del_prim_attr("side_effect_mem")
+
+    _stateless_bn_c = _ops.constexpr(_stateless_bn, check=False)

@@ -41,6 +41,13 @@ def linear_init(shape):
     return np.random.uniform(-bound, bound, shape)
 
 
+def _parameter(self, name):
+    """`MetaModule._get` in compiled code, which never holds fast weights (compiled steps write them into the
+    parameters: compat/jit.py): the parameter itself, without the lookup's branches. (MindSpore binds a
+    method's first argument only when it is named `self`.)"""
+    return getattr(self, name)
+
+
 class MetaModule(nn.Module):
     """Base of every layer that owns parameters; `_get(name)` honours active fast weights."""
 
@@ -48,6 +55,7 @@ class MetaModule(nn.Module):
         super().__init__()
         object.__setattr__(self, "_fast", {})
 
+    @compat.jit.compiled_form(_parameter)
     def _get(self, name):
         if self._fast:
             value = self._fast.get(name)
