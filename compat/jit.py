@@ -160,14 +160,27 @@ def prepare(model):
     import mindspore
     from compat.norm import probe_kernel
     probe_kernel()  # eager, before any graph: compiled batch norm bakes its answer in
-    for name, p in model.named_parameters():
-        if isinstance(p, mindspore.Parameter) and p.name != name:
-            p.name = name
-    for name, b in model.named_buffers():
-        if isinstance(b, mindspore.Parameter) and b.name != name:
-            b.name = name
+    for name, p in list(model.named_parameters()) + list(model.named_buffers()):
+        if isinstance(p, mindspore.Parameter):
+            if p.name != name:
+                p.name = name
+            _materialise(p)
     _direct_construct(model)
     return model
+
+
+def _materialise(p):
+    """Write `p`'s value into it through a kernel, so that it lives where kernels put data.
+
+    MindSpore 2.0 + MSAdapter: a graph built over a Parameter that still holds only the host data it was made
+    from (a tensor from numpy, as every layer here creates its weights) keeps that data as it was when the
+    graph was built if the Parameter has at most 4 elements: later writes (optimizer steps, loading a
+    checkpoint, running statistics updated op by op) reach op-by-op code but not the graph, with no error.
+    Larger Parameters, and any Parameter that a kernel has written once, are read live. At the demo width
+    this froze the 4-channel instance / batch norms of the first stage's IBN layers (18 tensors) inside every
+    compiled graph (tests/test_compiled.py perturbs every weight after the build). MindSpore 2.6.0.dev with
+    mindtorch reads them live without this write; it is made there too (it costs one kernel per tensor)."""
+    _ms_ops.assign(p, _ms_ops.deepcopy(p))
 
 
 def _direct_construct(model):
