@@ -37,7 +37,7 @@ def measure(data_root, out, jit, cache):
     from reid.engine.launch import build_evaluate_fn, configure_runtime
     from reid.engine.trainer import Trainer
     cfg = load_cfg(DEMO, ["DATASETS.ROOT", data_root, "OUTPUT_DIR", out, "TEST.JIT", str(bool(jit)),
-                          "MODEL.COMPILE_CACHE", cache])
+                          "MODEL.COMPILE_CACHE", cache, "MODEL.JIT", "False"])  # op-by-op steps between them
     configure_runtime(cfg)
     trainer = Trainer(cfg, quiet=True)
     evaluate = build_evaluate_fn(cfg)
