@@ -261,33 +261,54 @@ def test_module_matches_torch(results, kind):
 
 
 def _assert_as_accurate_as_torch(results, kind, step, grad_factor):
-    """MindSpore no further from torch float64 than `grad_factor` x torch float32's own error + 1e-3 per
-    gradient (relative norm), and 4x + the fixed tolerance per output and running statistic."""
+    """MindSpore no further from torch float64 than torch float32 is, per compared quantity.
+
+    Gradients (relative norm): `grad_factor` x torch float32's own error on that gradient, plus a floor: 1e-3 or,
+    if larger, the median of torch float32's errors over the whole network (the float32 noise level of this
+    ill-conditioned from-scratch network: ~0.8% at NUM_CLASSES 5-7 on both frameworks). Without that floor one
+    gradient where torch's rounding happens to land close to float64 fails the bound on some CPUs (measured on
+    an AVX2-only AMD EPYC: one 4-channel BN weight's gradient, MindSpore 1.17% against torch's 0.16%, while
+    the two frameworks' error distributions matched: median 0.79% / 0.76%, max 3.0% / 2.5%); a wrong
+    gradient is off by tens of percent. Across the network MindSpore's median gradient error must also stay
+    within `grad_factor` / 2 x torch's and its largest within `grad_factor` x torch's largest (measured there: 1.04x
+    and 1.2x at θ, 1.8x at θ - α·g). Outputs and running statistics: 4x + the fixed tolerance."""
     ms, tr, exact = results["mindspore"][kind], results["torch"][kind], results["torch64"][kind]
     _same_layout(ms, tr, kind)
-    rows = zip(_pairs(ms, kind, (step,)), _pairs(tr, kind, (step,)), _pairs(exact, kind, (step,)))
+    rows = [row for row in zip(_pairs(ms, kind, (step,)), _pairs(tr, kind, (step,)), _pairs(exact, kind, (step,)))
+            if " %s " % step in row[0][0] or step == "train"]  # _pairs adds eval outputs and statistics to every step
+    grad_errors = []
     for (label, got), (_, want), (_, ref) in rows:
-        if " %s " % step not in label and step != "train":
-            continue                           # _pairs adds eval outputs and statistics to every step
         assert got.shape == want.shape == ref.shape, label
         if " grad " in label:
             scale = float(np.linalg.norm(ref)) + 1e-30
-            err_ms, err_torch = float(np.linalg.norm(got - ref)) / scale, float(np.linalg.norm(want - ref)) / scale
-            assert err_ms <= grad_factor * err_torch + NET_GRAD_FLOOR, (
-                "%s: MindSpore gradient off float64 by %.3g (relative), torch float32 by %.3g"
-                % (label, err_ms, err_torch))
+            grad_errors.append((label, float(np.linalg.norm(got - ref)) / scale,
+                                float(np.linalg.norm(want - ref)) / scale))
             continue
         err_ms, err_torch = float(np.abs(got - ref).max()), float(np.abs(want - ref).max())
         floor = STAT_TOL if " stat " in label else OUT_ATOL
         assert err_ms <= 4 * err_torch + floor, "%s: MindSpore off float64 by %.3g, torch float32 by %.3g" % (
             label, err_ms, err_torch)
+    assert grad_errors, kind
+    ms_errors = np.array([e[1] for e in grad_errors])
+    torch_errors = np.array([e[2] for e in grad_errors])
+    floor = max(NET_GRAD_FLOOR, float(np.median(torch_errors)))
+    for label, err_ms, err_torch in grad_errors:
+        assert err_ms <= grad_factor * err_torch + floor, (
+            "%s: MindSpore gradient off float64 by %.3g (relative), torch float32 by %.3g (floor %.3g)"
+            % (label, err_ms, err_torch, floor))
+    assert np.median(ms_errors) <= grad_factor / 2 * np.median(torch_errors) + NET_GRAD_FLOOR, (
+        np.median(ms_errors), np.median(torch_errors))
+    assert ms_errors.max() <= grad_factor * torch_errors.max() + NET_GRAD_FLOOR, (ms_errors.max(), torch_errors.max())
+    print("%s %s gradients off float64, median / max: MindSpore %.3g / %.3g, torch float32 %.3g / %.3g" % (
+        kind, step, np.median(ms_errors), ms_errors.max(), np.median(torch_errors), torch_errors.max()))
 
 
 @pytest.mark.parity
 @pytest.mark.parametrize("kind", NETWORKS)
 def test_network_float32_as_accurate_as_torch(results, kind):
     """Train mode ('general'): outputs, gradients and running statistics. Measured: MindSpore's gradient error
-    at most 1.7x torch float32's (+1e-3)."""
+    at most 1.7x torch float32's (+1e-3) on the machines this was written on; on an AVX2-only AMD EPYC one
+    4-channel BN weight's gradient at 7.5x (1.17% against 0.16%, below the network's median error of 0.8%)."""
     _assert_as_accurate_as_torch(results, kind, "train", 4)
 
 

@@ -124,6 +124,15 @@ def case_steps(root, out, weights, iterations, state_dir, extra=(), follow=False
 # two (chunks of 8 images condition the batch statistics worse); the worst steps are the first ones, from
 # scratch. STEP_TOTAL_TOL / STEP_TENSOR_TOL: the single-split bounds, also used by the other step comparisons.
 STEP_TOLS = {1: (0.05, 0.2), 2: (0.12, 0.4)}
+# The first CODE block's 4-channel expert BN weight (at width 8) is the worst-conditioned gradient of the network:
+# on an AVX2-only AMD EPYC MindSpore's gradient for it was 1.17% off float64 where torch float32's was 0.16%
+# (tests/test_modeling.py), and one meta step's update of it differed by 0.234 here (every other tensor within
+# the bounds above; on the machines the bounds were set on it stayed within them). Still below 0.5: a skipped or
+# half-size update of it fails.
+STEP_TENSOR_TOLS = {"backbone.code1.adaptor_sub.bn1.BN.weight": 0.4}
+# Meta-train gradients of the two backends (the fast-weight steps): 0.999 on the machines the bound was set on;
+# 0.99838 on that AVX2-only machine (2 chunks). A misdirected or skipped step is far below either.
+FAST_STEP_COSINE = 0.997
 STEP_TOTAL_TOL, STEP_TENSOR_TOL = STEP_TOLS[1]
 
 
@@ -168,13 +177,16 @@ def test_steps_match_between_backends(synth_root, tmp_path, splits, iterations):
     base_lr = 0.04
     assert min(pt["lrs"][4:]) > 0.5 * base_lr          # past the warmup, far from eta_min (4e-5)
     np.testing.assert_allclose(ms["losses"], pt["losses"], rtol=1e-3)
+    cosines = []
     for got, ref in zip(ms["fast_steps"], pt["fast_steps"]):  # the meta-train gradients, to float32 conditioning
-        cosine = float(got @ ref / (np.linalg.norm(got) * np.linalg.norm(ref)))
-        assert cosine > 0.999 and abs(np.linalg.norm(got) / np.linalg.norm(ref) - 1) < 0.01, cosine
+        cosines.append(float(got @ ref / (np.linalg.norm(got) * np.linalg.norm(ref))))
+        assert cosines[-1] > FAST_STEP_COSINE and abs(np.linalg.norm(got) / np.linalg.norm(ref) - 1) < 0.01, cosines
+    print("fast-weight steps: lowest cosine %.5f" % min(cosines))
     worst_total, worst_tensor = 0.0, (0.0, "")
     for step, (start, got, ref) in enumerate(zip(pt["before"], ms["after"], pt["after"])):
         label = "step %d (%s)" % (step, pt["kinds"][step])
-        total, per = assert_update_matches(start, got, ref, *STEP_TOLS[splits], label=label)
+        total, per = assert_update_matches(start, got, ref, *STEP_TOLS[splits], label=label,
+                                           tensor_tols=STEP_TENSOR_TOLS)
         name = max(per, key=per.get)
         worst_total, worst_tensor = max(worst_total, total), max(worst_tensor, (per[name], name))
     print("update relative error: worst step %.3g over all tensors, worst tensor %.3g (%s)"
