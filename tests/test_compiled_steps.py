@@ -15,7 +15,7 @@ import pytest
 
 from tests.crossenv import run_cases
 from tests.parity import assert_update_matches
-from tests.test_training import STEP_TOTAL_TOL, STEP_TENSOR_TOL
+from tests.test_training import STEP_TENSOR_TOL, STEP_TENSOR_TOLS, STEP_TOTAL_TOL
 
 pytestmark = [pytest.mark.slow, pytest.mark.parity]
 
@@ -85,5 +85,5 @@ def test_compiled_steps_match_op_by_op_and_torch(synth_root, tmp_path):
     # compiled against torch, at the step-parity bounds of tests/test_training.py
     np.testing.assert_allclose(compiled["losses"], pt["losses"], rtol=1e-3)
     for step, (start, got, ref) in enumerate(zip(pt["before"], compiled["after"], pt["after"])):
-        assert_update_matches(start, got, ref, STEP_TOTAL_TOL, STEP_TENSOR_TOL,
+        assert_update_matches(start, got, ref, STEP_TOTAL_TOL, STEP_TENSOR_TOL, tensor_tols=STEP_TENSOR_TOLS,
                               label="step %d compiled vs torch" % step)
