@@ -112,6 +112,11 @@ def case_meta_step(root, out, weights, ratio=None, reference=False, save_fast=No
     own_steps, computed = t.fast_weight_steps, []
 
     def fast_weight_steps(grads):
+        # first-order: on torch the meta-train gradients arrive without a graph (fast_weight_steps does not
+        # detach them). MindSpore has no tape to check (its tensors report requires_grad True): there the step
+        # functions differentiate with respect to the parameters they are given only.
+        if not compat.IS_MINDSPORE:
+            assert not any(g.requires_grad for g in grads)
         steps = [compat.to_numpy(s) for s in own_steps(grads)]
         computed.append(np.concatenate([s.ravel() for s in steps]))
         if save_fast:
