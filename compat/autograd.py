@@ -2,7 +2,9 @@
 
 `value_and_grad(fn, params)(*args)` runs `fn(*args)` once, which returns a scalar loss or `(loss, aux)`, and
 returns `(loss, aux, grads)`: the detached loss, the detached aux structure and one gradient per parameter
-(in `params` order). MindSpore differentiates with `mindspore.value_and_grad`; torch with autograd.
+(in `params` order), itself without a graph (torch: `autograd.grad` without `create_graph`), so callers need
+not detach it (compat/jit.py's compiled counterpart returns graph outputs, plain values too). MindSpore
+differentiates with `mindspore.value_and_grad`; torch with autograd.
 
 Parameters that the loss does not reach get a zero gradient on both backends (MindSpore cannot tell "unused"
 from "zero"); callers that need torch's "None = skip" semantics track usage themselves.
