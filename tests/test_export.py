@@ -278,6 +278,8 @@ def test_engine_checks_the_sidecar_against_the_config(tmp_path):
         check_against_cfg(side, load_cfg(DEMO, CLASSES + ["INPUT.SIZE_TEST", "[256, 128]"]), path)
     with pytest.raises(UserError, match=r"base_width 8 \(config: 16\)"):
         check_against_cfg(side, load_cfg(DEMO, CLASSES + ["MODEL.BACKBONE.BASE_WIDTH", "16"]), path)
+    with pytest.raises(UserError, match=r"depth 50x \(config: 26x\)"):   # a sidecar without depth: ResNet-50's
+        check_against_cfg(side, load_cfg(DEMO, CLASSES + ["MODEL.BACKBONE.DEPTH", "26x"]), path)
     with pytest.raises(UserError, match="PIXEL_MEAN"):
         check_against_cfg(side, load_cfg(DEMO, CLASSES + ["MODEL.PIXEL_MEAN", "[0.0, 0.0, 0.0]"]), path)
 

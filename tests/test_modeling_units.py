@@ -459,3 +459,31 @@ def test_full_size_parameter_counts():
     assert abs(total - 85.8e6) / 85.8e6 < 0.005
     assert M.count_parameters(model, trainable_only=True) == total - 2048
     assert model.heads.feat_dim == 2048 and model.num_classes == [11934, 751, 1041]
+
+
+# --------------------------------------------------------------------------- depth
+
+@pytest.mark.parametrize("depth, blocks", [("26x", (2, 2, 2, 2)), ("50x", (3, 4, 6, 3)), ("101x", (3, 4, 23, 3))])
+def test_depth_sets_blocks_per_stage(depth, blocks):
+    """MODEL.BACKBONE.DEPTH: the plain backbones have those bottlenecks per stage; ACL one fewer in each main
+    stage, its CODE block standing for the last; the head sees the same feature width at every depth."""
+    for arch, backbone in (("Baseline", "resnet50_ibn_a"), ("ACL", "acl_resnet50_ibn_a")):
+        cfg = small_cfg(arch, backbone)
+        cfg.MODEL.BACKBONE.DEPTH = depth
+        net = M.build_model(cfg).backbone
+        main = [len(getattr(net, "layer%d" % s)) for s in range(1, 5)]
+        assert main == [n - (arch == "ACL") for n in blocks], (arch, depth)
+        assert net.feat_dim == 4 * 8 * 4
+        if arch == "ACL":
+            assert all(hasattr(net, "code%d" % s) for s in range(1, 5))
+
+
+def test_depth_errors():
+    cfg = small_cfg()
+    cfg.MODEL.BACKBONE.DEPTH = "34x"
+    with pytest.raises(UserError, match=r"DEPTH must be one of 26x, 50x, 101x, got '34x'"):
+        M.build_model(cfg)
+    cfg = small_cfg()
+    cfg.MODEL.BACKBONE.DEPTH, cfg.MODEL.BACKBONE.PRETRAIN = "26x", True
+    with pytest.raises(UserError, match="loads ResNet-50 weights but MODEL.BACKBONE.DEPTH is '26x'"):
+        M.build_model(cfg)

@@ -36,6 +36,10 @@ _C.MODEL.NUM_THREADS = 0              # MindSpore CPU kernel threads; 0 = env RE
 _C.MODEL.BACKBONE = CN()
 _C.MODEL.BACKBONE.NAME = "acl_resnet50_ibn_a"   # or "resnet50", "resnet50_ibn_a" (baseline)
 _C.MODEL.BACKBONE.BASE_WIDTH = 64                # stem width; 64 is ResNet-50, smaller runs on CPU
+# Bottleneck blocks per stage, as fast-reid's DEPTH: "50x" = 3/4/6/3 (ResNet-50, the original), "101x" = 3/4/23/3,
+# "26x" = 2/2/2/2. ACL turns each stage's last block into its CODE block (50x: main stages 2/3/5/2). Shallower
+# means smaller compiled graphs, built in less time; ImageNet weights (PRETRAIN) exist for 50x only.
+_C.MODEL.BACKBONE.DEPTH = "50x"
 _C.MODEL.BACKBONE.LAST_STRIDE = 1
 _C.MODEL.BACKBONE.WITH_IBN = True
 _C.MODEL.BACKBONE.NUM_EXPERTS = 4                # K, dynamic-branch experts per CODE block

@@ -45,6 +45,7 @@ def example_images(batch, size, seed=0):
 
 def model_description(cfg):
     return {"meta_architecture": cfg.MODEL.META_ARCHITECTURE, "backbone": cfg.MODEL.BACKBONE.NAME,
+            "depth": cfg.MODEL.BACKBONE.DEPTH,
             "base_width": int(cfg.MODEL.BACKBONE.BASE_WIDTH), "num_experts": int(cfg.MODEL.BACKBONE.NUM_EXPERTS)}
 
 
@@ -166,6 +167,7 @@ def check_against_cfg(sidecar, cfg, path):
                         "exported with" % (path, "x".join(map(str, sidecar["input"]["shape"][2:])),
                                            "x".join(map(str, size))))
     exported = {k: sidecar["model"].get(k) for k in model_description(cfg)}
+    exported["depth"] = exported["depth"] or "50x"   # sidecars written before MODEL.BACKBONE.DEPTH existed
     if exported != model_description(cfg):
         diff = ", ".join("%s %s (config: %s)" % (k, exported[k], v) for k, v in model_description(cfg).items()
                          if exported[k] != v)

@@ -1,6 +1,6 @@
 """Builders from config: `build_model(cfg)`; registries of backbones, heads and meta-architectures."""
 from reid.modeling.backbones.acl_resnet import ACLResNet
-from reid.modeling.backbones.resnet import ResNet
+from reid.modeling.backbones.resnet import ResNet, stage_blocks
 from reid.modeling.heads import MetaEmbeddingHead
 from reid.modeling.meta_arch import ReIDModel
 from reid.modeling.registry import BACKBONE_REGISTRY, HEAD_REGISTRY, META_ARCH_REGISTRY
@@ -10,19 +10,23 @@ from compat.errors import UserError
 @BACKBONE_REGISTRY.register("acl_resnet50_ibn_a")
 def build_acl_resnet50_ibn_a(cfg):
     b = cfg.MODEL.BACKBONE
-    return ACLResNet(b.BASE_WIDTH, b.LAST_STRIDE, b.WITH_IBN, b.NUM_EXPERTS, zero_init_residual=b.ZERO_INIT_RESIDUAL)
+    main = tuple(n - 1 for n in stage_blocks(b.DEPTH))   # each stage's last block is its CODE block
+    return ACLResNet(b.BASE_WIDTH, b.LAST_STRIDE, b.WITH_IBN, b.NUM_EXPERTS, blocks=main,
+                     zero_init_residual=b.ZERO_INIT_RESIDUAL)
 
 
 @BACKBONE_REGISTRY.register("resnet50")
 def build_resnet50(cfg):
-    return ResNet(cfg.MODEL.BACKBONE.BASE_WIDTH, cfg.MODEL.BACKBONE.LAST_STRIDE, with_ibn=False,
-                  zero_init_residual=cfg.MODEL.BACKBONE.ZERO_INIT_RESIDUAL)
+    b = cfg.MODEL.BACKBONE
+    return ResNet(b.BASE_WIDTH, b.LAST_STRIDE, with_ibn=False, blocks=stage_blocks(b.DEPTH),
+                  zero_init_residual=b.ZERO_INIT_RESIDUAL)
 
 
 @BACKBONE_REGISTRY.register("resnet50_ibn_a")
 def build_resnet50_ibn_a(cfg):
-    return ResNet(cfg.MODEL.BACKBONE.BASE_WIDTH, cfg.MODEL.BACKBONE.LAST_STRIDE, with_ibn=True,
-                  zero_init_residual=cfg.MODEL.BACKBONE.ZERO_INIT_RESIDUAL)
+    b = cfg.MODEL.BACKBONE
+    return ResNet(b.BASE_WIDTH, b.LAST_STRIDE, with_ibn=True, blocks=stage_blocks(b.DEPTH),
+                  zero_init_residual=b.ZERO_INIT_RESIDUAL)
 
 
 @HEAD_REGISTRY.register("MetaEmbeddingHead")
@@ -55,6 +59,9 @@ def _assemble(cfg, backbone, with_centers):
     model = ReIDModel(backbone, heads, cfg.MODEL.PIXEL_MEAN, cfg.MODEL.PIXEL_STD, cfg.MODEL.NUM_SPLITS,
                       jit_eval=cfg.TEST.JIT, graph_key=graph_key(cfg))
     if cfg.MODEL.BACKBONE.PRETRAIN:
+        if cfg.MODEL.BACKBONE.DEPTH != "50x":
+            raise UserError("MODEL.BACKBONE.PRETRAIN loads ResNet-50 weights but MODEL.BACKBONE.DEPTH is %r; set DEPTH "
+                            "50x or PRETRAIN False" % cfg.MODEL.BACKBONE.DEPTH)
         from reid.modeling.pretrained import load_pretrained_backbone
         load_pretrained_backbone(model, cfg.MODEL.BACKBONE.PRETRAIN_PATH)
     return model

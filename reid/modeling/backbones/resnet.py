@@ -12,6 +12,15 @@ from compat.errors import UserError
 from reid.modeling.layers import MetaBatchNorm, MetaConv2d, MetaIBN, MetaInstanceNorm
 
 RESNET50_BLOCKS = (3, 4, 6, 3)
+DEPTH_BLOCKS = {"26x": (2, 2, 2, 2), "50x": RESNET50_BLOCKS, "101x": (3, 4, 23, 3)}
+
+
+def stage_blocks(depth):
+    """MODEL.BACKBONE.DEPTH -> bottleneck blocks per stage."""
+    if depth not in DEPTH_BLOCKS:
+        raise UserError("MODEL.BACKBONE.DEPTH must be one of %s, got %r"
+                        % (", ".join(sorted(DEPTH_BLOCKS, key=lambda d: int(d[:-1]))), depth))
+    return DEPTH_BLOCKS[depth]
 
 
 def make_norm(kind, channels):
