@@ -73,8 +73,9 @@ bench: setup
 clean-venvs:
 	rm -rf .venv .venv-torch .venv-mindtorch
 
-# Compiled training steps (MODEL.JIT, off by default) against op-by-op MindSpore and torch: ~6 minutes on an
-# idle 2-core machine, nearly all of it building the three step graphs, which `make test` cannot afford.
+# Compiled training steps (MODEL.JIT) with two DataParallel chunks against op-by-op MindSpore and torch (the
+# single-split compiled steps, what the demo runs, are compared in `make test`): a few minutes on an idle
+# 2-core machine, nearly all of it building the step graphs, which `make test` cannot afford twice.
 test-compiled: setup
 	REID_ALLOW_MISSING_BACKEND= REID_BACKEND=mindspore $(MS_PY) -m pytest tests/test_compiled_steps.py -q $(PYTEST_ARGS)
 

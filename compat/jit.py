@@ -7,7 +7,7 @@
 On MindSpore `compiled` wraps `fn` in `mindspore.jit`, and `value_and_grad` compiles loss, gradients and the
 aux outputs into one graph. MindSpore builds the graph by *parsing* the Python source of `fn` and of everything
 it calls (modules' forward included), not by tracing it. So code reachable from a compiled function follows
-these rules (tests/test_compiled.py compares every module type, tests/test_compiled_steps.py every step kind,
+these rules (tests/test_compiled.py compares every module type, tests/test_training.py every step kind,
 against op-by-op execution):
 
 - no in-place tensor ops (`add_`, `inplace=True`, `out=`): compiled, they give wrong values without an error;

@@ -19,7 +19,7 @@ yacs config), the label offsets, the chunk count and `present`. Two ways to run 
   mode is set around the call, outside the graph. The meta-test graph is the plain forward: because the
   fast-weight step is detached (first-order ACL), ∇_θ L(θ - fast) = ∇_θ' L(θ'), so θ' is written into the
   parameters before the call and θ restored after it (`compat.jit.swap_in` / `restore`), and the same
-  kind of graph serves every meta step. (Equal to the op-by-op result: tests/test_compiled_steps.py.)
+  kind of graph serves every meta step. (Equal to the op-by-op result: tests/test_training.py.)
 
 Gradients come back for every parameter (zeros where the loss does not reach); the trainer applies
 single-device "None" semantics afterwards (`Trainer._drop_unused`), outside any graph.
