@@ -52,10 +52,11 @@ def call(target, kwargs):
     return getattr(importlib.import_module(module_name), func_name)(**kwargs)
 
 
-def run_cases(backend, calls, timeout=900):
-    """Run [(target, kwargs), ...] under `backend`; return their results in order."""
+def run_cases(backend, calls, timeout=900, fresh=False):
+    """Run [(target, kwargs), ...] under `backend`; return their results in order. The active backend runs them
+    in this process unless `fresh` asks for a new one (as the others always get)."""
     require_backend(backend)
-    if backend == active_backend():
+    if backend == active_backend() and not fresh:
         return [call(t, kw) for t, kw in calls]
     with tempfile.TemporaryDirectory(prefix="crossenv-") as tmp:
         src, dst = Path(tmp) / "in.pkl", Path(tmp) / "out.pkl"

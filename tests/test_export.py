@@ -271,15 +271,19 @@ def test_engine_checks_the_sidecar_against_the_config(tmp_path):
         read_sidecar(path)
     cfg = load_cfg(DEMO, CLASSES)
     side = {"format": "onnx", "input": {"shape": [None, 3, 64, 32]},
-            "model": {"meta_architecture": "ACL", "backbone": "acl_resnet50_ibn_a", "base_width": 8, "num_experts": 4},
+            "model": {"meta_architecture": "ACL", "backbone": "acl_resnet50_ibn_a", "depth": "26x", "base_width": 8,
+                      "num_experts": 4},
             "normalisation": {"pixel_mean": list(cfg.MODEL.PIXEL_MEAN), "pixel_std": list(cfg.MODEL.PIXEL_STD)}}
     check_against_cfg(side, cfg, path)
     with pytest.raises(UserError, match="takes 64x32 images but the config's INPUT.SIZE_TEST is 256x128"):
         check_against_cfg(side, load_cfg(DEMO, CLASSES + ["INPUT.SIZE_TEST", "[256, 128]"]), path)
     with pytest.raises(UserError, match=r"base_width 8 \(config: 16\)"):
         check_against_cfg(side, load_cfg(DEMO, CLASSES + ["MODEL.BACKBONE.BASE_WIDTH", "16"]), path)
-    with pytest.raises(UserError, match=r"depth 50x \(config: 26x\)"):   # a sidecar without depth: ResNet-50's
-        check_against_cfg(side, load_cfg(DEMO, CLASSES + ["MODEL.BACKBONE.DEPTH", "26x"]), path)
+    with pytest.raises(UserError, match=r"depth 26x \(config: 50x\)"):
+        check_against_cfg(side, load_cfg(DEMO, CLASSES + ["MODEL.BACKBONE.DEPTH", "50x"]), path)
+    old = dict(side, model={k: v for k, v in side["model"].items() if k != "depth"})
+    with pytest.raises(UserError, match=r"depth 50x \(config: 26x\)"):   # written before the key: ResNet-50's
+        check_against_cfg(old, cfg, path)
     with pytest.raises(UserError, match="PIXEL_MEAN"):
         check_against_cfg(side, load_cfg(DEMO, CLASSES + ["MODEL.PIXEL_MEAN", "[0.0, 0.0, 0.0]"]), path)
 
