@@ -10,11 +10,9 @@ per-chunk batch-norm statistics (MODEL.CHUNK_FORWARDS False), the function the c
 Cost: the compiled side builds one graph per (step kind, domains per chunk) it meets, ~35-40 s each on an idle
 2-core machine at this depth (26x).
 """
-import numpy as np
 import pytest
 
-from tests.parity import assert_update_matches
-from tests.test_training import STEP_TENSOR_TOLS, STEP_TOLS, assert_compiled_follows_op_by_op, teacher_forced_runs
+from tests.test_training import assert_compiled_steps_match, teacher_forced_runs
 
 pytestmark = [pytest.mark.slow, pytest.mark.parity]
 
@@ -26,8 +24,4 @@ def test_compiled_steps_with_two_chunks_match_op_by_op_and_torch(synth_root, tmp
     _, pt, eager, compiled = teacher_forced_runs(synth_root, tmp_path, ITERATIONS, extra, compiled=True)
     plan = [k for it in range(ITERATIONS) for k in ["basic"] * (2 if it == 0 else 1) + ["meta"] * (it % 3 == 0)]
     assert pt["kinds"] == plan
-    assert_compiled_follows_op_by_op(plan, pt, eager, compiled)
-    np.testing.assert_allclose(compiled["losses"], pt["losses"], rtol=1e-3)
-    for step, (start, got, ref) in enumerate(zip(pt["before"], compiled["after"], pt["after"])):
-        assert_update_matches(start, got, ref, *STEP_TOLS[2], tensor_tols=STEP_TENSOR_TOLS,
-                              label="step %d compiled vs torch" % step)
+    assert_compiled_steps_match(plan, pt, eager, compiled, 2)
