@@ -73,6 +73,15 @@ def _ms_value_and_grad(fn, params):
 
     def run(*args, **kwargs):
         box.clear()
+        try:
+            loss, grads = differentiate(args, kwargs)
+        except BaseException:
+            _stop_recording()
+            raise
+        grads = tuple(torch.cast_to_adapter_tensor(g) for g in grads)
+        return torch.cast_to_adapter_tensor(loss), detach_tree(box.get("aux")), grads
+
+    def differentiate(args, kwargs):
         as_args = [(pos, index[id(a)]) for pos, a in enumerate(args) if id(a) in index]
         if as_args and _param_argument_is_an_input():
             # MindSpore 2.6 differentiates a Parameter passed as an argument as that input (all its uses, also
@@ -86,10 +95,21 @@ def _ms_value_and_grad(fn, params):
                 grads[i] = g
         else:
             loss, grads = grad_fn(*args, **kwargs)
-        grads = tuple(torch.cast_to_adapter_tensor(g) for g in grads)
-        return torch.cast_to_adapter_tensor(loss), detach_tree(box.get("aux")), grads
+        return loss, grads
 
     return run
+
+
+def _stop_recording():
+    """Reset MindSpore's op-by-op gradient recorder after an exception inside a recorded forward.
+
+    MindSpore switches recording on when a differentiated call starts and off when it ends normally; an
+    exception in between (an input check's UserError, a KeyboardInterrupt) leaves it on for the rest of the
+    process. Then every later compiled call is taken for part of a gradient being recorded: on MindSpore 2.0
+    the next compiled training step failed ("Jit does not support dynamic shape input yet"; tests/test_compiled.py
+    reproduces it). MindSpore's own reset after a failed compile is the same call."""
+    from mindspore.common.api import _pynative_executor
+    _pynative_executor.clear_res()
 
 
 _PROBED = {}

@@ -241,3 +241,39 @@ def test_compiled_graph_reads_every_weight_live():
             compat.assign_(t, compat.as_tensor(old))
         raise AssertionError("compiled evaluation differs from op by op by %.2e after every weight changed; "
                              "tensors it does not follow: %s" % (err, stale))
+
+
+def test_an_error_inside_a_gradient_leaves_later_compiled_steps_intact():
+    """An exception raised inside an op-by-op gradient (an input check's UserError) must not leave MindSpore
+    recording: a compiled step afterwards returns its dict of terms and the right gradients. Before compat's
+    reset (compat/autograd.py `_stop_recording`), MindSpore 2.0's next compiled step here failed with "Jit does
+    not support dynamic shape input yet"."""
+    from mindspore.common.api import _pynative_executor
+    from compat.errors import UserError
+    layer = compat.nn.Linear(3, 2)
+    compat.jit.prepare(layer)
+    params = list(layer.parameters())
+    x = compat.as_tensor(np.random.RandomState(7).rand(4, 3).astype(np.float32))
+
+    def step(x):
+        y = layer(x).sum()
+        return y * y, {"y": y}
+
+    def failing_step(x):
+        layer(x).sum()
+        raise UserError("a check inside the step failed")
+
+    loss, aux, grads = compat.value_and_grad(step, params)(x)
+    with pytest.raises(UserError, match="check inside"):
+        compat.value_and_grad(failing_step, params)(x)
+    assert not _pynative_executor.grad_flag()
+    c_loss, c_aux, c_grads = compat.jit.value_and_grad(step, params, "step_after_an_error")(x)
+    assert isinstance(c_aux, dict) and sorted(c_aux) == ["y"]
+    assert _rel(compat.to_numpy(c_loss), compat.to_numpy(loss)) < 1e-6
+    assert _rel(compat.to_numpy(c_aux["y"]), compat.to_numpy(aux["y"])) < 1e-6
+    for g, ref in zip(c_grads, grads):
+        assert _rel(compat.to_numpy(g), compat.to_numpy(ref)) < 1e-5
+    _, _, again = compat.value_and_grad(step, params)(x)  # op by op still records afterwards
+    for g, ref in zip(again, grads):
+        assert _rel(compat.to_numpy(g), compat.to_numpy(ref)) < 1e-6
+
