@@ -47,9 +47,10 @@ def export(net, example, path, fmt):
     example = np.ascontiguousarray(example, np.float32)
     if _c.IS_MINDSPORE:
         import mindspore
-        # mindspore.export appends the suffix itself
-        mindspore.export(net, mindspore.Tensor(example), file_name=path[:-len(SUFFIX[fmt])],
-                         file_format=fmt.upper())
+        # mindspore.export appends the suffix itself; on 2.0 it switches JIT fallback off for the process
+        with _c.jit.fallback_kept():
+            mindspore.export(net, mindspore.Tensor(example), file_name=path[:-len(SUFFIX[fmt])],
+                             file_format=fmt.upper())
         return {"dynamic_batch": False}
     torch = _c.torch
     try:
@@ -130,7 +131,8 @@ class CompiledRunner:
             self._call = net
 
     def run(self, images):
-        with _c.no_grad():
+        # (its graph's name holds this module's, "compat.export": on MindSpore 2.0 an export, see compat/jit.py)
+        with _c.no_grad(), _c.jit.fallback_kept():
             return _c.to_numpy(self._call(_c.as_tensor(np.asarray(images, np.float32))))
 
 

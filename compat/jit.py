@@ -20,6 +20,12 @@ against op-by-op execution):
   unchanged (no error; the key is missing later), so callees return what they computed. Lists of tuples of
   tensors fail to compile in some places ("Expect tensor type"): use tuples. No `dict(key=...)`, no dict
   comprehensions, no `.detach()` (`compat.detach`), no `.eq()`;
+- MindSpore 2.0 switches its "JIT fallback" (how graphs run Python they cannot compile: dict outputs, the
+  torch-API layer's `warnings.warn`...) off for the rest of the process when it builds any graph whose name holds
+  "export" (`mindspore.export`; a compiled function whose module, name or source path holds the word), by setting
+  the process variable MS_DEV_ENABLE_FALLBACK_RUNTIME=0. Graphs built after that return a dict as a tuple or fail
+  to parse. compat/export.py builds such graphs inside `fallback_kept()`, which puts the variable back, and a
+  graph build here stops with a UserError if it finds the variable set behind the user's back;
 - Python state (a module's dict attributes, `model.training`, globals) is read once, when the graph is built,
   and is baked into it. Callers therefore build one compiled function per configuration of that state (step
   kind, batch-norm mode, which domains a batch holds) and cache it; `in_graph()` is True while a graph is
@@ -64,6 +70,7 @@ itself; on the MSAdapter layer compat.F's hot ops are MindSpore primitives insid
 The CPU kernel pool is sized to the machine's cores when compat is imported (`set_threads`; MindSpore's
 default is 30 threads whatever the machine), overridable with REID_NUM_THREADS or MODEL.NUM_THREADS.
 """
+import contextlib
 import functools
 import hashlib
 import os
@@ -275,6 +282,7 @@ def set_jit_level(level):
 
 def _jit(fn):
     import mindspore
+    _check_graph_name(fn)
     if _state.get("jit_level"):
         return mindspore.jit(fn, jit_config=mindspore.JitConfig(jit_level=_state["jit_level"]))
     return mindspore.jit(fn)
@@ -433,6 +441,76 @@ def _run_built(phase, args):
     return api._convert_python_data(out)  # the native tensors as Python (torch-API) ones, as jit's call does
 
 
+FALLBACK_VARIABLE = "MS_DEV_ENABLE_FALLBACK_RUNTIME"
+_FALLBACK_PRIMED = []
+
+
+def _c_getenv(name):
+    """The process environment's value of `name` as C code sees it (MindSpore sets variables with setenv, which
+    os.environ does not see), or None."""
+    import ctypes
+    getenv = ctypes.CDLL(None).getenv
+    getenv.restype = ctypes.c_char_p
+    value = getenv(name.encode())
+    return None if value is None else value.decode()
+
+
+def _prime_fallback():
+    """Build one tiny graph that returns a dict, once per process, before the first export-named graph:
+    MindSpore 2.0 keeps some of its readings of FALLBACK_VARIABLE from the first graph that needs them, so they
+    must be taken while the variable is unset (without this, a dict built after an export and the variable's
+    restore came back as a tensor)."""
+    import mindspore
+    if _FALLBACK_PRIMED or not mindspore.__version__.startswith("2.0."):
+        return
+
+    def fallback_probe(t):
+        return {"t": t}
+    mindspore.jit(fallback_probe)(mindspore.Tensor(np.zeros(1, np.float32)))
+    _FALLBACK_PRIMED.append(True)
+
+
+@contextlib.contextmanager
+def fallback_kept():
+    """Around code that builds export-named graphs (module docstring): FALLBACK_VARIABLE as it was before."""
+    if not _c.IS_MINDSPORE:
+        yield
+        return
+    before = _c_getenv(FALLBACK_VARIABLE)
+    if before is None:
+        _prime_fallback()
+    try:
+        yield
+    finally:
+        if _c_getenv(FALLBACK_VARIABLE) != before:
+            if before is None:
+                os.unsetenv(FALLBACK_VARIABLE)
+            else:
+                os.putenv(FALLBACK_VARIABLE, before)
+
+
+def _check_graph_name(fn):
+    """A UserError before MindSpore 2.0 would build `fn` as an export (module docstring): its graph's name is
+    made of the function's module, name and source file, so a repository under a folder named "...export..."
+    turns every graph into one."""
+    import mindspore
+    where = "%s.%s in %s" % (fn.__module__, fn.__name__, fn.__code__.co_filename)
+    if "export" in where and mindspore.__version__.startswith("2.0."):
+        raise _c.UserError("MindSpore 2.0 would compile graph %s as a model export (its name holds 'export') and "
+                           "switch JIT fallback off for the whole process, giving wrong outputs; move the "
+                           "repository to a path without 'export', or run op by op (MODEL.JIT False TEST.JIT False)"
+                           % where)
+
+
+def _check_fallback():
+    """A UserError if FALLBACK_VARIABLE is "0" in the process but not in os.environ (set by MindSpore itself,
+    not by the user): graphs built now would be wrong."""
+    if _c_getenv(FALLBACK_VARIABLE) == "0" and os.environ.get(FALLBACK_VARIABLE) != "0":
+        raise _c.UserError("MindSpore's JIT fallback is off in this process (MS_DEV_ENABLE_FALLBACK_RUNTIME=0, "
+                           "left by a graph export made outside compat.export): compiled graphs built now would "
+                           "give wrong outputs; export through reid.deploy / compat.export or in another process")
+
+
 class _Timed:
     """Calls a mindspore.jit function; the first call builds the graph (or loads it from the compile cache)
     and logs how long that took and the resident memory it left. On MindSpore 2.0 the build's leftovers are
@@ -452,6 +530,7 @@ class _Timed:
         if self.compile_seconds is not None:
             return self.jitted(*args)
         from mindspore.common.api import ms_compile_cache
+        _check_fallback()
         start, cpu_start = time.perf_counter(), time.process_time()
         rss_before = resident_mb()
         release = release_supported()

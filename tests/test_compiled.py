@@ -277,3 +277,81 @@ def test_an_error_inside_a_gradient_leaves_later_compiled_steps_intact():
     for g, ref in zip(again, grads):
         assert _rel(compat.to_numpy(g), compat.to_numpy(ref)) < 1e-6
 
+
+
+def case_export_then_compiled(out_dir):
+    """In a fresh process: MINDIR export and compat.export's compiled runner first, then compiled graphs with dict
+    outputs (a value_and_grad step and a plain function). Returns what the checks need, as plain Python."""
+    import os
+
+    import compat.export
+    layer, other = compat.nn.Linear(3, 2), compat.nn.Linear(3, 2)
+    compat.jit.prepare(layer)
+    other.eval()
+    x = np.random.RandomState(8).rand(4, 3).astype(np.float32)
+    compat.export.export(other, x, os.path.join(out_dir, "other.mindir"), "mindir")
+    compat.export.CompiledRunner(other).run(x)
+    variable = compat.jit._c_getenv(compat.jit.FALLBACK_VARIABLE)
+    params = list(layer.parameters())
+    t = compat.as_tensor(x)
+
+    def step(t):
+        y = layer(t).sum()
+        return y * y, {"y": y, "twice": y * 2}
+
+    def terms(t):
+        y = layer(t)
+        return {"y": y, "log_p": compat.F.log_softmax(y, 1)}
+
+    loss, aux, grads = compat.value_and_grad(step, params)(t)
+    c_loss, c_aux, c_grads = compat.jit.value_and_grad(step, params, "step_after_saving")(t)
+    c_terms = compat.jit.compiled(terms, "terms_after_saving")(t)
+    return {"variable": variable, "aux_type": type(c_aux).__name__, "terms_type": type(c_terms).__name__,
+            "loss_err": _rel(compat.to_numpy(c_loss), compat.to_numpy(loss)),
+            "aux_err": max(_rel(compat.to_numpy(c_aux[k]), compat.to_numpy(aux[k])) for k in aux)
+            if isinstance(c_aux, dict) else None,
+            "grad_err": max(_rel(compat.to_numpy(g), compat.to_numpy(r)) for g, r in zip(c_grads, grads)),
+            "log_p_err": _rel(compat.to_numpy(c_terms["log_p"]), compat.to_numpy(compat.F.log_softmax(
+                layer(t), 1))) if isinstance(c_terms, dict) else None}
+
+
+def test_compiled_graphs_are_right_after_an_export(tmp_path):
+    """MindSpore 2.0 switches JIT fallback off for the rest of the process (MS_DEV_ENABLE_FALLBACK_RUNTIME=0)
+    when it builds a graph whose name holds "export": every MINDIR export, and compat/export.py's compiled runner
+    by its module's name. Graphs built afterwards returned a dict as a tuple (the compiled training steps' terms,
+    after tests/test_export.py in the suite's process) or failed to parse the torch-API layer's Python
+    ("Do not support to convert <class 'builtin_function_or_method'>"). compat/export.py puts the variable back
+    (`compat.jit.fallback_kept`). Run in a fresh process: there the export is the first graph, as in a user's
+    script that exports and then trains."""
+    from tests.crossenv import run_cases
+    got = run_cases("mindspore", [("tests.test_compiled:case_export_then_compiled", {"out_dir": str(tmp_path)})],
+                    fresh=True)[0]
+    assert got["variable"] is None  # restored (unset) after the export and the runner
+    assert got["aux_type"] == "dict" and got["terms_type"] == "dict", got
+    assert got["loss_err"] < 1e-6 and got["aux_err"] < 1e-6 and got["grad_err"] < 1e-5, got
+    assert got["log_p_err"] < 1e-6, got
+
+
+def test_graph_builds_refuse_a_switched_off_fallback_and_export_names():
+    """The guards of compat/jit.py: a graph build that finds JIT fallback switched off behind the user's back,
+    and a graph whose name would make MindSpore 2.0 build it as an export, stop with a one-line UserError."""
+    import os
+
+    import mindspore
+    from compat.errors import UserError
+    if not mindspore.__version__.startswith("2.0."):
+        pytest.skip("MindSpore %s does not switch JIT fallback off for export-named graphs" % mindspore.__version__)
+    x = compat.as_tensor(np.ones((2, 3), np.float32))
+
+    def double(t):
+        return t * 2
+    with pytest.raises(UserError, match="as a model export"):
+        compat.jit.compiled(double, "export_double")
+    graph = compat.jit.compiled(double, "double_plain")
+    os.putenv(compat.jit.FALLBACK_VARIABLE, "0")
+    try:
+        with pytest.raises(UserError, match="JIT fallback is off"):
+            graph(x)
+    finally:
+        os.unsetenv(compat.jit.FALLBACK_VARIABLE)
+    np.testing.assert_allclose(compat.to_numpy(graph(x)), 2.0)

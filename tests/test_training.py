@@ -225,11 +225,11 @@ def teacher_forced_runs(synth_root, tmp_path, iterations, extra, compiled=False)
                                        extra=list(extra) + ["MODEL.JIT", "False"]))])[0]
     if not compiled:
         return weights, pt, ms
-    # In a process of its own: run inside the whole suite's process, after the other tests' graphs, the first
-    # compiled basic step returned its loss terms as a tuple instead of the dict (not reproduced alone)
+    # in this process, after the suite's other graphs and exports (tests/test_compiled.py: an export switched
+    # MindSpore's JIT fallback off for the process, and this first compiled step returned its terms as a tuple)
     jit = run_cases("mindspore", [("tests.test_training:case_steps",
                                    dict(kwargs, out=str(tmp_path / "jit"), follow=True,
-                                        extra=list(extra) + ["MODEL.JIT", "True"]))], fresh=True)[0]
+                                        extra=list(extra) + ["MODEL.JIT", "True"]))])[0]
     return weights, pt, ms, jit
 
 
