@@ -1,7 +1,8 @@
 """What building each compiled MindSpore graph of the demo-size network costs: seconds and resident memory.
 
 Graphs, each built in a fresh process (`--graphs`, default eval,basic):
-  eval   the evaluation forward (compiled extract_features' graph) of the demo network (BASE_WIDTH 8, 3 domains)
+  eval   the evaluation forward (compiled extract_features' graph) of the demo network (BASE_WIDTH 8, DEPTH 26x,
+         3 domains)
          on a batch of 64 images of 64x32, then 3 timed calls of the built graph;
   basic  the compiled basic training step (MODEL.JIT True) at bench/train_step.py's demo size, then timed steps;
   steps  all three training-step graphs (basic, meta-train, meta-test) as a demo run with MODEL.JIT True builds
@@ -45,6 +46,7 @@ def eval_graph(repeats=3, jit_level="", env=None):
     graphs = _context(jit_level, env)
     cfg = get_cfg()
     cfg.MODEL.BACKBONE.BASE_WIDTH = 8
+    cfg.MODEL.BACKBONE.DEPTH = "26x"  # the demo's (configs/synthetic/acl.yml)
     cfg.MODEL.BACKBONE.PRETRAIN = False
     cfg.MODEL.HEADS.NUM_CLASSES = [80, 80, 80]
     np.random.seed(0)

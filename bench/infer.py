@@ -6,7 +6,8 @@ environment after the other, so they never share the CPU):
                  MINDIR file (GraphCell), its ONNX file (onnxruntime)
   torch env:     eager, the inference network, its ONNX file (onnxruntime)
 
-at demo size (BASE_WIDTH 8, 64x32, batch 64) and full size (BASE_WIDTH 64, 256x128, batch 4). Prints images/s
+at demo size (BASE_WIDTH 8, DEPTH 26x, 64x32, batch 64) and full size (BASE_WIDTH 64, DEPTH 50x, 256x128,
+batch 4). Prints images/s
 and the ratio to each backend's eager model. Exports compile the network (minutes per file on 2 cores).
 
     python bench/infer.py [--sizes demo,full] [--repeats 3]
@@ -23,12 +24,12 @@ sys.path.insert(0, ROOT)
 from bench.timing import layer_name, median_seconds, on_both_backends, size_args  # noqa: E402
 
 SIZES = {
-    "demo": dict(width=8, height=64, batch=64),
-    "full": dict(width=64, height=256, batch=4),
+    "demo": dict(width=8, depth="26x", height=64, batch=64),
+    "full": dict(width=64, depth="50x", height=256, batch=4),
 }
 
 
-def measure(width, height, batch, repeats):
+def measure(width, depth, height, batch, repeats):
     """{engine: seconds per batch} on the active backend, plus the export / compile times."""
     import time
 
@@ -41,6 +42,7 @@ def measure(width, height, batch, repeats):
 
     cfg = get_cfg()
     cfg.MODEL.BACKBONE.BASE_WIDTH = width
+    cfg.MODEL.BACKBONE.DEPTH = depth
     cfg.MODEL.BACKBONE.PRETRAIN = False
     cfg.MODEL.HEADS.NUM_CLASSES = [100, 100, 100]
     cfg.MODEL.NUM_SPLITS = 1
@@ -108,7 +110,8 @@ def main():
         spec = dict(SIZES[size], repeats=args.repeats)
         got = on_both_backends("bench.infer:measure", spec)
         base = {backend: spec["batch"] / got[backend]["eager"] for backend in got}
-        print("%s: w%d %dx%d batch %d" % (size, spec["width"], spec["height"], spec["height"] // 2, spec["batch"]))
+        print("%s: %s w%d %dx%d batch %d" % (size, spec["depth"], spec["width"], spec["height"], spec["height"] // 2,
+                                              spec["batch"]))
         for backend in ("mindspore", "torch"):
             layers[backend] = got[backend]["layer"]
             for name in got[backend]["order"]:

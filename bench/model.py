@@ -1,6 +1,6 @@
 """Speed of the ACL network, MindSpore vs torch, measured in one run (one process after the other, so they
-never share the CPU), at full size (BASE_WIDTH 64, 256x128, batch 8, Protocol-2 class counts) and at demo size
-(configs/synthetic/acl.yml: BASE_WIDTH 8, 64x32, batch 64, NUM_SPLITS 1):
+never share the CPU), at full size (DEPTH 50x, BASE_WIDTH 64, 256x128, batch 8, Protocol-2 class counts) and at
+demo size (configs/synthetic/acl.yml: BASE_WIDTH 8, DEPTH 26x, 64x32, batch 64, NUM_SPLITS 1):
 
   eval forward (what evaluation runs), one process each: MindSpore op by op, MindSpore compiled (TEST.JIT,
       reid/evaluation/extract.py's path; its graph-building time is printed), torch; seconds per image, the
@@ -28,14 +28,14 @@ sys.path.insert(0, ROOT)
 from bench.timing import layer_name, median_seconds, on_both_backends, stack_variants  # noqa: E402
 
 SIZES = {
-    "demo": dict(width=8, height=64, batch=64, splits=1, classes=[100, 100, 100]),
-    "full": dict(width=64, height=256, batch=8, splits=1, classes=[11934, 751, 1041]),
+    "demo": dict(width=8, depth="26x", height=64, batch=64, splits=1, classes=[100, 100, 100]),
+    "full": dict(width=64, depth="50x", height=256, batch=8, splits=1, classes=[11934, 751, 1041]),
 }
 TRAIN_PARTS = ("forward", "forward+backward")
 
 
-def measure(width, height, batch, splits, classes, repeats, parts=TRAIN_PARTS + ("eval forward",), jit=False,
-            threads=None):
+def measure(width, depth, height, batch, splits, classes, repeats, parts=TRAIN_PARTS + ("eval forward",),
+            jit=False, threads=None):
     """Seconds per batch (median of `repeats` after one warm-up) of each of `parts`: a train-mode forward, a
     forward + backward w.r.t. every trainable parameter through compat.value_and_grad, the eval-mode forward
     (compiled when `jit`, through extract_features' own compiled forward), and for the eval forward the
@@ -56,6 +56,7 @@ def measure(width, height, batch, splits, classes, repeats, parts=TRAIN_PARTS + 
     from reid.modeling import build_model
     cfg = get_cfg()
     cfg.MODEL.BACKBONE.BASE_WIDTH = width
+    cfg.MODEL.BACKBONE.DEPTH = depth
     cfg.MODEL.HEADS.NUM_CLASSES = list(classes)
     cfg.MODEL.NUM_SPLITS = splits
     cfg.TEST.JIT = bool(jit)
@@ -125,7 +126,8 @@ def main():
     layers = {}
     for size in args.sizes.split(","):
         spec = dict(SIZES[size], repeats=args.repeats, threads=args.threads or None)
-        label = "%-5s w%-2d %dx%d b%-2d" % (size, spec["width"], spec["height"], spec["height"] // 2, spec["batch"])
+        label = "%-5s %s w%-2d %dx%d b%-2d" % (size, spec["depth"], spec["width"], spec["height"], spec["height"] // 2,
+                                              spec["batch"])
         evals = on_both_backends("bench.model:measure", spec, {
             name: (v[0], dict(v[1], parts=("eval forward",))) + tuple(v[2:]) for name, v in variants.items()})
         layers.update({k: v["layer"] for k, v in evals.items() if not k.endswith(" compiled")})

@@ -3,19 +3,19 @@ run (one after the other, so they never share the CPU): a basic step (forward + 
 batch) and a meta step (meta-train forward/backward, fast weights, meta-test forward/backward at θ', meta SGD),
 through the real Trainer.
 
-Sizes: demo (configs/synthetic/acl.yml: BASE_WIDTH 8, 64x32, batch 64, meta batches 2x32 + 32, NUM_SPLITS 1),
-full (BASE_WIDTH 64, 256x128, batch 16, meta batches 2x8 + 8, NUM_SPLITS 1) and full-b8 (the same at half the
-batch: 8, meta batches 2x4 + 4); demo-s4 and full-b8-s2 are demo and full-b8 with MODEL.NUM_SPLITS 4 and 2,
-where --batch-forwards adds each backend's MODEL.CHUNK_FORWARDS False run (one forward over the batch with
-per-chunk BN statistics instead of one forward per chunk). The default is demo,full-b8: on CPU a full-size
-batch-16 step of the MindSpore backend needs more than 24 GB of memory (the kernel's OOM killer stopped it at
-24 GB resident on our 24 GiB machines). Data: a small synthetic set (augmentation off, loader in the main
-process; reading and resizing the images is part of each step, about 1% of it). Class counts come from that
+Sizes: demo (configs/synthetic/acl.yml: BASE_WIDTH 8, DEPTH 26x, 64x32, batch 64, meta batches 2x32 + 32,
+NUM_SPLITS 1), full (DEPTH 50x, BASE_WIDTH 64, 256x128, batch 16, meta batches 2x8 + 8, NUM_SPLITS 1) and full-b8
+(the same at half the batch: 8, meta batches 2x4 + 4); demo-s4 and full-b8-s2 are demo and full-b8 with
+MODEL.NUM_SPLITS 4 and 2, where --batch-forwards adds each backend's MODEL.CHUNK_FORWARDS False run (one forward
+over the batch with per-chunk BN statistics instead of one forward per chunk). The default is demo,full-b8: on CPU
+a full-size batch-16 step of the MindSpore backend needs more than 24 GB of memory (the kernel's OOM killer
+stopped it at 24 GB resident on our 24 GiB machines). Data: a small synthetic set (augmentation off, loader in the
+main process; reading and resizing the images is part of each step, about 1% of it). Class counts come from that
 data, so the full-size head is smaller than Protocol-2's. Before timing, each side runs a basic step and meta
 steps until every source domain has been the meta-test domain once, so that no step signature builds its
 (MindSpore) backward graph or compiled graph inside the timed calls (the warm-up time printed includes the
-compiled graphs' build). Each side runs in a fresh process, so the peak resident memory printed is that
-variant's own.
+compiled graphs' build). Each side runs in a fresh process, so the peak resident memory printed is that variant's
+own.
 
     python bench/train_step.py [--sizes demo,full-b8,full] [--repeats 3] [--stacks msadapter,mindtorch]
         [--memory-level O1] [--variants mindspore-compiled,torch] [--basic-only] [--max-rss-gb 16]
@@ -37,13 +37,13 @@ sys.path.insert(0, ROOT)
 
 from bench.timing import layer_name, median_seconds, run_isolated, size_args, stack_variants  # noqa: E402
 
-SIZES = {
-    "demo": ["MODEL.BACKBONE.BASE_WIDTH", "8", "INPUT.SIZE_TRAIN", "[64,32]", "SOLVER.IMS_PER_BATCH", "64",
-             "META.IMS_PER_DOMAIN", "32", "MODEL.NUM_SPLITS", "1"],
-    "full": ["MODEL.BACKBONE.BASE_WIDTH", "64", "INPUT.SIZE_TRAIN", "[256,128]", "SOLVER.IMS_PER_BATCH", "16",
-             "META.IMS_PER_DOMAIN", "8", "MODEL.NUM_SPLITS", "1"],
-    "full-b8": ["MODEL.BACKBONE.BASE_WIDTH", "64", "INPUT.SIZE_TRAIN", "[256,128]", "SOLVER.IMS_PER_BATCH", "8",
-                "META.IMS_PER_DOMAIN", "4", "MODEL.NUM_SPLITS", "1"],
+SIZES = {  # depths explicit: acl.yml (loaded below) is at the demo's 26x
+    "demo": ["MODEL.BACKBONE.BASE_WIDTH", "8", "MODEL.BACKBONE.DEPTH", "26x", "INPUT.SIZE_TRAIN", "[64,32]",
+             "SOLVER.IMS_PER_BATCH", "64", "META.IMS_PER_DOMAIN", "32", "MODEL.NUM_SPLITS", "1"],
+    "full": ["MODEL.BACKBONE.BASE_WIDTH", "64", "MODEL.BACKBONE.DEPTH", "50x", "INPUT.SIZE_TRAIN", "[256,128]",
+             "SOLVER.IMS_PER_BATCH", "16", "META.IMS_PER_DOMAIN", "8", "MODEL.NUM_SPLITS", "1"],
+    "full-b8": ["MODEL.BACKBONE.BASE_WIDTH", "64", "MODEL.BACKBONE.DEPTH", "50x", "INPUT.SIZE_TRAIN", "[256,128]",
+                "SOLVER.IMS_PER_BATCH", "8", "META.IMS_PER_DOMAIN", "4", "MODEL.NUM_SPLITS", "1"],
 }
 # the original's DataParallel emulation (for --batch-forwards): demo with 4 chunks (16 images each in basic
 # steps), full-b8 with 2 (4 images each; its meta-test chunks would hold one identity: use --basic-only)
