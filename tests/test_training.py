@@ -30,10 +30,10 @@ TINY = ["MODEL.BACKBONE.BASE_WIDTH", "8", "INPUT.SIZE_TRAIN", "[64,32]", "INPUT.
         # and the original's init (the demo's zero-initialised residual scales change every gradient)
         "MODEL.BACKBONE.ZERO_INIT_RESIDUAL", "False",
         # one block per ACL main stage (+ its CODE block): every module type at ~2/3 of ResNet-50's ops, which
-        # the trainer mechanics tested here do not depend on; the step comparisons that hold the demo's network
-        # (demo recipe, two chunks) pass AT_DEMO_DEPTH
+        # the trainer mechanics tested here do not depend on (the demo's depth too); the step comparisons of the
+        # demo recipe and of two chunks hold ResNet-50's block counts, the original's (FULL_DEPTH)
         "MODEL.BACKBONE.DEPTH", "26x"]
-AT_DEMO_DEPTH = ["MODEL.BACKBONE.DEPTH", "50x"]
+FULL_DEPTH = ["MODEL.BACKBONE.DEPTH", "50x"]
 NO_AUG = ["INPUT.AUTOAUG.ENABLED", "False", "INPUT.FLIP.ENABLED", "False", "INPUT.PADDING.ENABLED", "False",
           "INPUT.CJ.ENABLED", "False", "INPUT.REA.ENABLED", "False"]
 
@@ -151,7 +151,7 @@ STEP_TOTAL_TOL, STEP_TENSOR_TOL = STEP_TOLS[1]
     (2, 7)])
 def test_steps_match_between_backends(synth_root, tmp_path, splits, iterations):
     """20 iterations (2 + 19 basic steps, 7 meta steps) at demo width (depth 26x, TINY) with single-device semantics (as
-    the demo), and 7 iterations (2 + 6 basic, 3 meta) with 2 DataParallel chunks at the demo's depth; both backends
+    the demo), and 7 iterations (2 + 6 basic, 3 meta) with 2 DataParallel chunks at ResNet-50 depth; both backends
     start from the same initial weights and see the same batches (augmentation off). The single-split case also runs
     MindSpore's compiled steps (MODEL.JIT True: three graphs, ~2 minutes to build) from the same states and holds
     them to the op-by-op ones (assert_compiled_steps_match) and to torch. Every step starts both backends from
@@ -177,7 +177,7 @@ def test_steps_match_between_backends(synth_root, tmp_path, splits, iterations):
     # scratch that tensor's tiny gradient (through an L2 normalisation of nearly equal features) is mostly
     # float32 rounding, which 8-image kernels change (it is also this comparison's worst tensor: 0.25).
     extra = ["MODEL.NUM_SPLITS", str(splits), "SOLVER.MAX_EPOCH", "10", "MODEL.CHUNK_FORWARDS", "False"]
-    extra += AT_DEMO_DEPTH if splits > 1 else []
+    extra += FULL_DEPTH if splits > 1 else []
     compiled = splits == 1
     weights, pt, ms, *jit = teacher_forced_runs(synth_root, tmp_path, iterations, extra, compiled=compiled)
     plan = [k for it in range(iterations) for k in ["basic"] * (2 if it == 0 else 1) + ["meta"] * (it % 3 == 0)]
@@ -318,7 +318,7 @@ def test_demo_recipe_steps_match_between_backends(synth_root, tmp_path):
     most 0.6%; here 1.00001, 90 s on a loaded 2-core machine. MindSpore's SGD lr scaled by 0.97 gives 0.970 and
     fails here while passing every per-step bound. Free-running, the trajectories still separate from
     iteration ~3 on: README, what to expect.)"""
-    extra = demo_recipe_overrides() + ["MODEL.NUM_SPLITS", "1", "SOLVER.MAX_EPOCH", "10"] + AT_DEMO_DEPTH
+    extra = demo_recipe_overrides() + ["MODEL.NUM_SPLITS", "1", "SOLVER.MAX_EPOCH", "10"] + FULL_DEPTH
     iterations = 10
     _, pt, ms = teacher_forced_runs(synth_root, tmp_path, iterations, extra)
     assert ms["kinds"] == pt["kinds"] and pt["kinds"].count("meta") == 4
