@@ -278,7 +278,6 @@ def test_an_error_inside_a_gradient_leaves_later_compiled_steps_intact():
         assert _rel(compat.to_numpy(g), compat.to_numpy(ref)) < 1e-6
 
 
-
 def case_export_then_compiled(out_dir):
     """In a fresh process: MINDIR export and compat.export's compiled runner first, then compiled graphs with dict
     outputs (a value_and_grad step and a plain function). Returns what the checks need, as plain Python."""
