@@ -7,8 +7,8 @@ environment after the other, so they never share the CPU):
   torch env:     eager, the inference network, its ONNX file (onnxruntime)
 
 at demo size (BASE_WIDTH 8, DEPTH 26x, 64x32, batch 64) and full size (BASE_WIDTH 64, DEPTH 50x, 256x128,
-batch 4). Prints images/s
-and the ratio to each backend's eager model. Exports compile the network (minutes per file on 2 cores).
+batch 4). Prints images/s and the ratio to each backend's eager model. Exports compile the network (minutes
+per file on 2 cores).
 
     python bench/infer.py [--sizes demo,full] [--repeats 3]
 """
