@@ -243,6 +243,34 @@ def test_compiled_graph_reads_every_weight_live():
                              "tensors it does not follow: %s" % (err, stale))
 
 
+def _dict_step(layer):
+    """A differentiated step of `layer` that returns (loss, dict of terms), as the training steps do."""
+    def step(t):
+        y = layer(t).sum()
+        return y * y, {"y": y, "twice": y * 2}
+    return step
+
+
+def _compiled_against_op_by_op(step, params, x, name):
+    """`step` through compat.jit.value_and_grad (graph `name`) against compat.value_and_grad, as plain Python:
+    the compiled aux's type and keys, the worst relative errors of loss, terms and gradients, and the op-by-op
+    gradients."""
+    loss, aux, grads = compat.value_and_grad(step, params)(x)
+    c_loss, c_aux, c_grads = compat.jit.value_and_grad(step, params, name)(x)
+    is_dict = isinstance(c_aux, dict)
+    return {"aux_type": type(c_aux).__name__, "keys": sorted(c_aux) if is_dict else None,
+            "loss_err": _rel(compat.to_numpy(c_loss), compat.to_numpy(loss)),
+            "aux_err": max(_rel(compat.to_numpy(c_aux[k]), compat.to_numpy(aux[k])) for k in aux) if is_dict
+            else None,
+            "grad_err": max(_rel(compat.to_numpy(g), compat.to_numpy(r)) for g, r in zip(c_grads, grads)),
+            "grads": [compat.to_numpy(g) for g in grads]}
+
+
+def _assert_step_matches(got):
+    assert got["aux_type"] == "dict" and got["keys"] == ["twice", "y"], got
+    assert got["loss_err"] < 1e-6 and got["aux_err"] < 1e-6 and got["grad_err"] < 1e-5, got
+
+
 def test_an_error_inside_a_gradient_leaves_later_compiled_steps_intact():
     """An exception raised inside an op-by-op gradient (an input check's UserError) must not leave MindSpore
     recording: a compiled step afterwards returns its dict of terms and the right gradients. Before compat's
@@ -254,28 +282,20 @@ def test_an_error_inside_a_gradient_leaves_later_compiled_steps_intact():
     compat.jit.prepare(layer)
     params = list(layer.parameters())
     x = compat.as_tensor(np.random.RandomState(7).rand(4, 3).astype(np.float32))
-
-    def step(x):
-        y = layer(x).sum()
-        return y * y, {"y": y}
+    step = _dict_step(layer)
 
     def failing_step(x):
         layer(x).sum()
         raise UserError("a check inside the step failed")
 
-    loss, aux, grads = compat.value_and_grad(step, params)(x)
+    before = compat.value_and_grad(step, params)(x)[2]
     with pytest.raises(UserError, match="check inside"):
         compat.value_and_grad(failing_step, params)(x)
     assert not _pynative_executor.grad_flag()
-    c_loss, c_aux, c_grads = compat.jit.value_and_grad(step, params, "step_after_an_error")(x)
-    assert isinstance(c_aux, dict) and sorted(c_aux) == ["y"]
-    assert _rel(compat.to_numpy(c_loss), compat.to_numpy(loss)) < 1e-6
-    assert _rel(compat.to_numpy(c_aux["y"]), compat.to_numpy(aux["y"])) < 1e-6
-    for g, ref in zip(c_grads, grads):
-        assert _rel(compat.to_numpy(g), compat.to_numpy(ref)) < 1e-5
-    _, _, again = compat.value_and_grad(step, params)(x)  # op by op still records afterwards
-    for g, ref in zip(again, grads):
-        assert _rel(compat.to_numpy(g), compat.to_numpy(ref)) < 1e-6
+    got = _compiled_against_op_by_op(step, params, x, "step_after_an_error")
+    _assert_step_matches(got)
+    for g, ref in zip(got["grads"], before):  # op by op records as before
+        assert _rel(g, compat.to_numpy(ref)) < 1e-6
 
 
 def case_export_then_compiled(out_dir):
@@ -291,27 +311,17 @@ def case_export_then_compiled(out_dir):
     compat.export.export(other, x, os.path.join(out_dir, "other.mindir"), "mindir")
     compat.export.CompiledRunner(other).run(x)
     variable = compat.jit._c_getenv(compat.jit.FALLBACK_VARIABLE)
-    params = list(layer.parameters())
     t = compat.as_tensor(x)
-
-    def step(t):
-        y = layer(t).sum()
-        return y * y, {"y": y, "twice": y * 2}
+    got = _compiled_against_op_by_op(_dict_step(layer), list(layer.parameters()), t, "step_after_saving")
 
     def terms(t):
         y = layer(t)
         return {"y": y, "log_p": compat.F.log_softmax(y, 1)}
-
-    loss, aux, grads = compat.value_and_grad(step, params)(t)
-    c_loss, c_aux, c_grads = compat.jit.value_and_grad(step, params, "step_after_saving")(t)
     c_terms = compat.jit.compiled(terms, "terms_after_saving")(t)
-    return {"variable": variable, "aux_type": type(c_aux).__name__, "terms_type": type(c_terms).__name__,
-            "loss_err": _rel(compat.to_numpy(c_loss), compat.to_numpy(loss)),
-            "aux_err": max(_rel(compat.to_numpy(c_aux[k]), compat.to_numpy(aux[k])) for k in aux)
-            if isinstance(c_aux, dict) else None,
-            "grad_err": max(_rel(compat.to_numpy(g), compat.to_numpy(r)) for g, r in zip(c_grads, grads)),
-            "log_p_err": _rel(compat.to_numpy(c_terms["log_p"]), compat.to_numpy(compat.F.log_softmax(
-                layer(t), 1))) if isinstance(c_terms, dict) else None}
+    got.update(variable=variable, terms_type=type(c_terms).__name__,
+               log_p_err=_rel(compat.to_numpy(c_terms["log_p"]), compat.to_numpy(compat.F.log_softmax(layer(t), 1)))
+               if isinstance(c_terms, dict) else None)
+    return got
 
 
 def test_compiled_graphs_are_right_after_an_export(tmp_path):
@@ -326,9 +336,8 @@ def test_compiled_graphs_are_right_after_an_export(tmp_path):
     got = run_cases("mindspore", [("tests.test_compiled:case_export_then_compiled", {"out_dir": str(tmp_path)})],
                     fresh=True)[0]
     assert got["variable"] is None  # restored (unset) after the export and the runner
-    assert got["aux_type"] == "dict" and got["terms_type"] == "dict", got
-    assert got["loss_err"] < 1e-6 and got["aux_err"] < 1e-6 and got["grad_err"] < 1e-5, got
-    assert got["log_p_err"] < 1e-6, got
+    _assert_step_matches(got)
+    assert got["terms_type"] == "dict" and got["log_p_err"] < 1e-6, got
 
 
 def test_graph_builds_refuse_a_switched_off_fallback_and_export_names():
