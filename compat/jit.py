@@ -298,13 +298,19 @@ def cache_dir():
     return _state["cache_dir"]
 
 
+def _is_mindspore_2_0():
+    """MindSpore 2.0 (the MSAdapter stack), where the workarounds here were measured; the mindtorch stack runs
+    2.6.0.dev."""
+    import mindspore
+    return mindspore.__version__.startswith("2.0.")
+
+
 def cache_supported():
     """Whether graphs are cached on this MindSpore at all: only on 2.0, where the guards above were worked out
     and a loaded graph is tested to give the built one's outputs. On 2.6.0.dev (the mindtorch stack) a graph
     loaded from the cache gave features with relative error 1.0 against the built graph's (tests/test_compiled.py),
     so there every graph is built."""
-    import mindspore
-    return mindspore.__version__.startswith("2.0.")
+    return _is_mindspore_2_0()
 
 
 def _source_digest():
@@ -393,8 +399,7 @@ def _cache_off():
 def release_supported():
     """Whether a graph's build leftovers are released after it is built (`_release_build_memory`): only on
     MindSpore 2.0, where it was measured and where a released graph is tested to give the built one's outputs."""
-    import mindspore
-    return mindspore.__version__.startswith("2.0.")
+    return _is_mindspore_2_0()
 
 
 def resident_mb():
@@ -460,9 +465,9 @@ def _prime_fallback():
     MindSpore 2.0 keeps some of its readings of FALLBACK_VARIABLE from the first graph that needs them, so they
     must be taken while the variable is unset (without this, a dict built after an export and the variable's
     restore came back as a tensor)."""
-    import mindspore
-    if _FALLBACK_PRIMED or not mindspore.__version__.startswith("2.0."):
+    if _FALLBACK_PRIMED or not _is_mindspore_2_0():
         return
+    import mindspore
 
     def fallback_probe(t):
         return {"t": t}
@@ -493,9 +498,8 @@ def _check_graph_name(fn):
     """A UserError before MindSpore 2.0 would build `fn` as an export (module docstring): its graph's name is
     made of the function's module, name and source file, so a repository under a folder named "...export..."
     turns every graph into one."""
-    import mindspore
     where = "%s.%s in %s" % (fn.__module__, fn.__name__, fn.__code__.co_filename)
-    if "export" in where and mindspore.__version__.startswith("2.0."):
+    if "export" in where and _is_mindspore_2_0():
         raise _c.UserError("MindSpore 2.0 would compile graph %s as a model export (its name holds 'export') and "
                            "switch JIT fallback off for the whole process, giving wrong outputs; move the "
                            "repository to a path without 'export', or run op by op (MODEL.JIT False TEST.JIT False)"
