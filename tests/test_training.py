@@ -220,17 +220,12 @@ def teacher_forced_runs(synth_root, tmp_path, iterations, extra, compiled=False)
                          dict(root=synth_root, out=str(tmp_path / "init"), path=weights, extra=extra))])
     kwargs = dict(root=synth_root, weights=weights, iterations=iterations, extra=extra, state_dir=str(states))
     pt = run_cases("torch", [("tests.test_training:case_steps", dict(kwargs, out=str(tmp_path / "pt")))])[0]
-    ms = run_cases("mindspore", [("tests.test_training:case_steps",
-                                  dict(kwargs, out=str(tmp_path / "ms"), follow=True,
-                                       extra=list(extra) + ["MODEL.JIT", "False"]))])[0]
-    if not compiled:
-        return weights, pt, ms
-    # in this process, after the suite's other graphs and exports (tests/test_compiled.py: an export switched
-    # MindSpore's JIT fallback off for the process, and this first compiled step returned its terms as a tuple)
-    jit = run_cases("mindspore", [("tests.test_training:case_steps",
-                                   dict(kwargs, out=str(tmp_path / "jit"), follow=True,
-                                        extra=list(extra) + ["MODEL.JIT", "True"]))])[0]
-    return weights, pt, ms, jit
+    cases = [("tests.test_training:case_steps", dict(kwargs, out=str(tmp_path / "ms"), follow=True,
+                                                     extra=list(extra) + ["MODEL.JIT", "False"]))]
+    if compiled:  # (in the suite's process, after its exports: tests/test_compiled.py's export test says why)
+        cases.append(("tests.test_training:case_steps", dict(kwargs, out=str(tmp_path / "jit"), follow=True,
+                                                             extra=list(extra) + ["MODEL.JIT", "True"])))
+    return (weights, pt) + tuple(run_cases("mindspore", cases))
 
 
 # Compiled against op by op (MindSpore both, the same start states): the loss to 1e-5 relative, each logged
