@@ -25,7 +25,7 @@ _C.MODEL.NUM_SPLITS = 4
 # none measured at full size; at demo width with 4 chunks a MindSpore step takes 2.4-3.5x longer (README).
 _C.MODEL.CHUNK_FORWARDS = True
 # MindSpore: compiled training steps (static graphs, compat/jit.py: one per step kind and domains per chunk, built
-# on first use, ~40 s each at the demo's size and ~3 minutes at full size on a 2-core CPU); False: op by op, the
+# on first use: ~40 s each at the demo's size, 1-3.5 minutes at full size on a 2-core CPU); False: op by op, the
 # slower path that needs more memory at full size (README "Known limitations"). On torch it does nothing.
 _C.MODEL.JIT = True
 # MindSpore: where the compiled evaluation graph (TEST.JIT) is kept, so that a later run (train.py or test.py) with
