@@ -210,9 +210,27 @@ def _direct_construct(model):
             cls.construct = forward
 
 
+def steps_supported():
+    """Whether compiled training steps (MODEL.JIT) build on this stack: MindSpore 2.0 (MSAdapter). On the mindtorch
+    stack's MindSpore 2.6.0.dev the demo network's basic-step graph had not finished building after 20 minutes
+    (measured 2026-11-26: one core busy in the runtime's GraphScheduler::LinkControlArrowByAutoMonad, recursing
+    over the graph's side effects, memory flat), so MODEL.JIT runs op by op there."""
+    return _c.IS_MINDSPORE and _is_mindspore_2_0()
+
+
 def enabled(flag):
-    """Whether a MODEL.JIT setting means compiled execution here (MindSpore only; torch runs eagerly)."""
-    return bool(flag) and _c.IS_MINDSPORE
+    """Whether a MODEL.JIT setting means compiled training steps here (torch runs eagerly; see steps_supported)."""
+    return bool(flag) and steps_supported()
+
+
+def op_by_op_reason(flag):
+    """The one line to print when MODEL.JIT asks for compiled steps that this MindSpore stack runs op by op
+    ('' otherwise: torch, MindSpore 2.0, or MODEL.JIT False)."""
+    if not flag or not _c.IS_MINDSPORE or steps_supported():
+        return ""
+    import mindspore
+    return ("MODEL.JIT: compiled training steps do not build on MindSpore %s (their first graph ran 20+ minutes); "
+            "training op by op (MODEL.JIT False silences this)" % mindspore.__version__)
 
 
 def swap_in(params, steps):

@@ -363,3 +363,20 @@ def test_graph_builds_refuse_a_switched_off_fallback_and_export_names():
     finally:
         os.unsetenv(compat.jit.FALLBACK_VARIABLE)
     np.testing.assert_allclose(compat.to_numpy(graph(x)), 2.0)
+
+
+def test_model_jit_compiles_steps_on_mindspore_2_0_and_says_where_it_runs_them_op_by_op(synth_root, tmp_path,
+                                                                                        capsys):
+    """MODEL.JIT True (the default) gives the trainer compiled step functions on MindSpore 2.0 (MSAdapter); on the
+    mindtorch stack's 2.6.0.dev, where the step graph does not finish building (compat.jit.steps_supported), op-by-op
+    ones and one printed line that says so. No step is run: the trainer is only built."""
+    import mindspore
+    from reid.engine.trainer import Trainer
+    from tests.test_training import _cfg
+    on_2_0 = mindspore.__version__.startswith("2.0.")
+    trainer = Trainer(_cfg(synth_root, str(tmp_path), ["MODEL.JIT", "True"]))
+    said = capsys.readouterr().out
+    assert trainer.steps.compiled is on_2_0
+    assert ("MODEL.JIT: compiled training steps do not build on MindSpore" in said) is (not on_2_0), said
+    assert Trainer(_cfg(synth_root, str(tmp_path / "off"), ["MODEL.JIT", "False"])).steps.compiled is False
+    assert "MODEL.JIT" not in capsys.readouterr().out
