@@ -222,7 +222,7 @@ def teacher_forced_runs(synth_root, tmp_path, iterations, extra, compiled=False)
     pt = run_cases("torch", [("tests.test_training:case_steps", dict(kwargs, out=str(tmp_path / "pt")))])[0]
     cases = [("tests.test_training:case_steps", dict(kwargs, out=str(tmp_path / "ms"), follow=True,
                                                      extra=list(extra) + ["MODEL.JIT", "False"]))]
-    if compiled:  # (in the suite's process, after its exports: tests/test_compiled.py's export test says why)
+    if compiled:  # in this pytest process (make test runs [1-20] in one of its own; exports first: test_compiled.py)
         cases.append(("tests.test_training:case_steps", dict(kwargs, out=str(tmp_path / "jit"), follow=True,
                                                              extra=list(extra) + ["MODEL.JIT", "True"])))
     return (weights, pt) + tuple(run_cases("mindspore", cases))
