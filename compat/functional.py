@@ -29,6 +29,14 @@ def vector_norm(x, p=2.0, dim=1):
 # torch.max / torch.min over a dim and torch.where of the torch-API layer cannot run compiled (they build
 # named tuples, or fail to parse): compiled, the same MindSpore kernels are called directly (ArgMaxWithValue is
 # what the layer runs op by op, so gradients go to the same index on ties).
+def arange_like(n, like):
+    """`torch.arange(n)` on the device of the tensor `like` (torch places each tensor; on MindSpore the device is
+    global, and compiled code takes no `device` argument)."""
+    if _c.IS_MINDSPORE:
+        return _c.torch.arange(n)
+    return _c.torch.arange(n, device=like.device)
+
+
 def max_values(x, dim):
     """torch.max(x, dim)[0]."""
     if in_graph():

@@ -44,7 +44,8 @@ def _compiled_forward(model):
             size.setdefault("n", n)
             if n >= size["n"]:
                 return graph(images)
-            pad = torch.zeros((size["n"] - n,) + tuple(images.shape[1:]), dtype=images.dtype)
+            # zeros like the batch's own (its device too: torch on a GPU)
+            pad = compat.zeros_like(images[:1]).repeat(size["n"] - n, 1, 1, 1)
             return graph(torch.cat((images, pad), 0))[:n]
         cache["eval"] = run
         cache["eval_graph"] = getattr(graph, "graph", None)  # MindSpore: build time, whether it was loaded

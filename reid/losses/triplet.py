@@ -117,7 +117,7 @@ def meta_triplet_masks(targets, domains, mode):
     if mode in ("mtrain", "mtest"):
         return same_id, 1.0 - same_id
     other_domain = 1.0 - _same(domains)
-    eye = _same(torch.arange(int(targets.shape[0])))  # the identity matrix, from ops that compile too
+    eye = _same(compat.arange_like(int(targets.shape[0]), targets))  # the identity matrix, from ops that compile too
     return eye + other_domain, (1.0 - same_id) * (1.0 - other_domain)  # self and other domains never overlap
 
 
