@@ -20,10 +20,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 ALLOW_MISSING = "REID_ALLOW_MISSING_BACKEND"
-# an interpreter that has MindSpore (.venv or .venv-mindtorch) is itself the MindSpore side of parity runs
+# an interpreter that has MindSpore (.venv or .venv-mindtorch) is itself the MindSpore side of parity runs; one
+# without it but with torch is the torch side where .venv-torch is missing (a GPU machine's own torch)
 _HAS_MINDSPORE = importlib.util.find_spec("mindspore") is not None
+_TORCH_VENV = ROOT / ".venv-torch" / "bin" / "python"
+_OWN_TORCH = not _HAS_MINDSPORE and not _TORCH_VENV.exists() and importlib.util.find_spec("torch") is not None
 PYTHONS = {"mindspore": Path(sys.executable) if _HAS_MINDSPORE else ROOT / ".venv" / "bin" / "python",
-           "torch": ROOT / ".venv-torch" / "bin" / "python"}
+           "torch": Path(sys.executable) if _OWN_TORCH else _TORCH_VENV}
 
 
 def active_backend():

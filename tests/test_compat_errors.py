@@ -27,12 +27,16 @@ def test_unknown_backend_exits_2_with_one_line():
 
 def test_unavailable_device_is_a_user_error():
     import compat
-    # these environments are CPU-only builds (MindSpore CPU wheel, torch +cpu)
-    with pytest.raises(compat.UserError, match="device 'gpu'"):
-        compat.set_device("gpu")
-    with pytest.raises(compat.UserError, match="unknown device 'tpu'"):
-        compat.set_device("tpu")
-    assert compat.set_device("cpu") == "cpu" and compat.current_device() == "cpu"
+    # a device this environment lacks: 'gpu' in our CPU-only builds (MindSpore CPU wheel, torch +cpu), 'ascend' for
+    # torch on a GPU machine (where set_device('gpu') succeeds and would leave every later test on the GPU)
+    missing = "ascend" if not compat.IS_MINDSPORE and compat.torch.cuda.is_available() else "gpu"
+    try:
+        with pytest.raises(compat.UserError, match="device '%s'" % missing):
+            compat.set_device(missing)
+        with pytest.raises(compat.UserError, match="unknown device 'tpu'"):
+            compat.set_device("tpu")
+    finally:
+        assert compat.set_device("cpu") == "cpu" and compat.current_device() == "cpu"
 
 
 def test_corrupt_checkpoint_prints_one_line(tmp_path):

@@ -206,8 +206,11 @@ def test_test_py_onnx_engine_gives_the_eager_metrics(weights, tmp_path):
         assert written["engine"] == engine
         results[engine] = written["results"]["SynthD"]
     assert 0 < results["eager"]["mAP"] < 100
+    # percent; the features agree to float32 rounding, so only a near-tie can move a metric: on an H200 machine's
+    # CPU (torch 2.11, onnxruntime 1.30) one moved mAP by 0.034 (17.49 against 17.52). 0.05, as the cross-backend
+    # evaluation check (tests/test_training.py)
     for key in ("mAP", "Rank-1", "mINP"):
-        assert results["onnx"][key] == pytest.approx(results["eager"][key], abs=0.01), key
+        assert results["onnx"][key] == pytest.approx(results["eager"][key], abs=0.05), key
 
 
 @pytest.mark.slow

@@ -118,6 +118,7 @@ def case_module(kind, state=None, float64=False, full=True):
     from reid.modeling import bn_mode, fast_weights, load_numpy_state, numpy_state
     np.random.seed(11)
     module, arrays = _build(kind)
+    module = compat.to_device(module)  # torch on a GPU (tests/test_gpu.py); a no-op on the CPU and on MindSpore
     if state is not None:
         load_numpy_state(module, state, strict=True)
     init_state = numpy_state(module)
@@ -184,7 +185,7 @@ def case_full_width(seed=5):
     cfg = get_cfg()
     cfg.MODEL.HEADS.NUM_CLASSES = [7, 5, 3]      # class counts do not touch the eval feature
     np.random.seed(seed)
-    model = build_model(cfg)
+    model = compat.to_device(build_model(cfg))
     # running statistics of a trained-looking network, so eval activations stay O(1) through 16+ blocks
     rs = np.random.RandomState(seed)
     fingerprint = {}
@@ -260,7 +261,7 @@ def test_module_matches_torch(results, kind):
         _assert_close(label, got, want)
 
 
-def _assert_as_accurate_as_torch(results, kind, step, grad_factor):
+def _assert_as_accurate_as_torch(results, kind, step, grad_factor, who="MindSpore"):
     """MindSpore no further from torch float64 than torch float32 is, per compared quantity.
 
     Gradients (relative norm): `grad_factor` x torch float32's own error on that gradient, plus a floor: 1e-3 or,
@@ -271,7 +272,8 @@ def _assert_as_accurate_as_torch(results, kind, step, grad_factor):
     the two frameworks' error distributions matched: median 0.79% / 0.76%, max 3.0% / 2.5%); a wrong
     gradient is off by tens of percent. Across the network MindSpore's median gradient error must also stay
     within `grad_factor` / 2 x torch's and its largest within `grad_factor` x torch's largest (measured there: 1.05x
-    and 1.2x at θ, 1.8x at θ - α·g). Outputs and running statistics: 4x + the fixed tolerance."""
+    and 1.2x at θ, 1.8x at θ - α·g). Outputs and running statistics: 4x + the fixed tolerance. `who` names the
+    implementation in results["mindspore"] in the messages (tests/test_gpu.py puts torch on a GPU there)."""
     ms, tr, exact = results["mindspore"][kind], results["torch"][kind], results["torch64"][kind]
     _same_layout(ms, tr, kind)
     rows = [row for row in zip(_pairs(ms, kind, (step,)), _pairs(tr, kind, (step,)), _pairs(exact, kind, (step,)))
@@ -286,21 +288,21 @@ def _assert_as_accurate_as_torch(results, kind, step, grad_factor):
             continue
         err_ms, err_torch = float(np.abs(got - ref).max()), float(np.abs(want - ref).max())
         floor = STAT_TOL if " stat " in label else OUT_ATOL
-        assert err_ms <= 4 * err_torch + floor, "%s: MindSpore off float64 by %.3g, torch float32 by %.3g" % (
-            label, err_ms, err_torch)
+        assert err_ms <= 4 * err_torch + floor, "%s: %s off float64 by %.3g, torch float32 by %.3g" % (
+            label, who, err_ms, err_torch)
     assert grad_errors, kind
     ms_errors = np.array([e[1] for e in grad_errors])
     torch_errors = np.array([e[2] for e in grad_errors])
     floor = max(NET_GRAD_FLOOR, float(np.median(torch_errors)))
     for label, err_ms, err_torch in grad_errors:
         assert err_ms <= grad_factor * err_torch + floor, (
-            "%s: MindSpore gradient off float64 by %.3g (relative), torch float32 by %.3g (floor %.3g)"
-            % (label, err_ms, err_torch, floor))
+            "%s: %s gradient off float64 by %.3g (relative), torch float32 by %.3g (floor %.3g)"
+            % (label, who, err_ms, err_torch, floor))
     assert np.median(ms_errors) <= grad_factor / 2 * np.median(torch_errors) + NET_GRAD_FLOOR, (
         np.median(ms_errors), np.median(torch_errors))
     assert ms_errors.max() <= grad_factor * torch_errors.max() + NET_GRAD_FLOOR, (ms_errors.max(), torch_errors.max())
-    print("%s %s gradients off float64, median / max: MindSpore %.3g / %.3g, torch float32 %.3g / %.3g" % (
-        kind, step, np.median(ms_errors), ms_errors.max(), np.median(torch_errors), torch_errors.max()))
+    print("%s %s gradients off float64, median / max: %s %.3g / %.3g, torch float32 %.3g / %.3g" % (
+        kind, step, who, np.median(ms_errors), ms_errors.max(), np.median(torch_errors), torch_errors.max()))
 
 
 @pytest.mark.parity
@@ -317,7 +319,8 @@ def test_network_float32_as_accurate_as_torch(results, kind):
     "acl_model",
     pytest.param("baseline_model", marks=pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
         "measured: MindSpore's gradients at θ' = θ - α·g are 1.6-5% off torch float64 upstream of the last "
-        "bottleneck (both 'hold' and 'general' BN), torch float32 4e-4; at θ they agree to 2e-4")))])
+        "bottleneck (both 'hold' and 'general' BN), torch float32 4e-4; at θ they agree to 2e-4. Torch on an H200 "
+        "GPU is 2.7% off there too (tests/test_gpu.py): likely conditioning, not a MindSpore defect")))])
 def test_network_fast_weights_as_accurate_as_torch(results, kind):
     """The meta-test path (fast weights θ - α·g, 'hold' BN) across backends, outputs and gradients. The
     Baseline network is well conditioned (torch float32 within 4e-4 of float64), so it is held to the module
