@@ -19,7 +19,10 @@ own.
 
     python bench/train_step.py [--sizes demo,full-b8,full] [--repeats 3] [--stacks msadapter,mindtorch]
         [--memory-level O1] [--variants mindspore-compiled,torch] [--basic-only] [--max-rss-gb 16]
-        [--batch-forwards]
+        [--batch-forwards] [--gpu]
+
+--gpu adds torch on a CUDA GPU (label torch-gpu; its ratio is against torch on this machine's CPU). On a machine
+without MindSpore, e.g. `REID_BACKEND=torch python bench/train_step.py --gpu --variants torch,torch-gpu`.
 
 Each compiled graph's build line is printed (compat.jit: seconds, resident memory it added and what was
 left after releasing the build's leftovers). Besides each variant's peak resident memory, the peak after
@@ -83,11 +86,13 @@ def _reset_peak_rss():
         fh.write("5")
 
 
-def measure(overrides, root, repeats, jit=False, memory_level=None, steps=("basic", "meta"), chunk_forwards=True):
+def measure(overrides, root, repeats, jit=False, memory_level=None, steps=("basic", "meta"), chunk_forwards=True,
+            device="cpu"):
     """Seconds per step (median of `repeats`) after the warm-up, the warm-up's seconds, and the peak resident
     memory after the first basic step alone (compiled: one graph) as well as at the end (the runner adds it).
     `memory_level`: MindSpore's memory_optimize_level; `steps`: ("basic",) times basic steps only and warms
-    up nothing else; `chunk_forwards`: MODEL.CHUNK_FORWARDS (matters with NUM_SPLITS > 1)."""
+    up nothing else; `chunk_forwards`: MODEL.CHUNK_FORWARDS (matters with NUM_SPLITS > 1); `device`: MODEL.DEVICE
+    (gpu: each timed step ends with a CUDA synchronisation, and the peak GPU memory of the timed steps is added)."""
     import time
 
     import compat
@@ -101,7 +106,7 @@ def measure(overrides, root, repeats, jit=False, memory_level=None, steps=("basi
     cfg = load_cfg(os.path.join(ROOT, "configs", "synthetic", "acl.yml"),
                    COMMON + overrides + ["DATASETS.ROOT", root, "OUTPUT_DIR", os.path.join(root, "out"),
                                          "MODEL.JIT", str(bool(jit)),
-                                         "MODEL.CHUNK_FORWARDS", str(bool(chunk_forwards))])
+                                         "MODEL.CHUNK_FORWARDS", str(bool(chunk_forwards)), "MODEL.DEVICE", device])
     trainer = Trainer(cfg, quiet=True)
     trainer.iter = 1
     start = time.perf_counter()
@@ -111,9 +116,15 @@ def measure(overrides, root, repeats, jit=False, memory_level=None, steps=("basi
     warmed = warm_up(trainer) if "meta" in steps else []
     warm = time.perf_counter() - start
     calls = {"basic": trainer.basic_step, "meta": trainer.meta_step}
+    cuda = compat.torch.cuda if device == "gpu" else None
+    if cuda is not None:  # the GPU's queued work belongs to the step that queued it
+        calls = {step: (lambda call: lambda: (call(), cuda.synchronize()))(call) for step, call in calls.items()}
+        cuda.reset_peak_memory_stats()
     rss_after_warm_up = _status_mb("VmRSS")
     _reset_peak_rss()  # the timed steps' own peak: no graph is built any more
     result = median_seconds([(step, calls[step]) for step in steps], repeats)
+    if cuda is not None:
+        result["peak_gpu_mb"] = cuda.max_memory_allocated() / 2.0 ** 20
     result.update(layer=layer_name(), warm_up_s=warm, first_basic_s=first_basic, warmed_domains=warmed,
                   peak_rss_basic_mb=peak_one, rss_after_warm_up_mb=rss_after_warm_up,
                   peak_rss_steps_mb=_peak_rss_mb(), graphs=graphs)
@@ -129,6 +140,8 @@ def _options(parser):
     parser.add_argument("--batch-forwards", action="store_true", help="also time MODEL.CHUNK_FORWARDS False (one "
                         "forward over the batch, per-chunk BN statistics) on each backend, labels *-batchfwd; "
                         "for the sizes with NUM_SPLITS > 1 (demo-s4, full-b8-s2)")
+    parser.add_argument("--gpu", action="store_true", help="also time torch on a CUDA GPU (MODEL.DEVICE gpu), "
+                        "label torch-gpu, against torch on the CPU")
     parser.add_argument("--max-rss-gb", type=float, default=16.0, help="kill a run whose resident memory exceeds "
                         "this (default 16; 0: no watchdog); it is reported as 'exceeds N GB'")
 
@@ -148,6 +161,8 @@ def main():
         if args.batch_forwards:  # torch's own (the reference of every ratio stays the default torch run)
             variants = dict(variants, **{"torch-batchfwd": ("torch", {"chunk_forwards": False},
                                                             variants["torch"][2])})
+        if args.gpu:
+            variants["torch-gpu"] = ("torch", {"device": "gpu"}, variants["torch"][2])
         if args.variants:
             variants = {k: v for k, v in variants.items() if k in args.variants.split(",")}
         common = {"steps": ("basic",)} if args.basic_only else {}
@@ -194,6 +209,9 @@ def main():
                 "%s %5.0f s" % (label, got[label]["warm_up_s"]) for label in timed),
                 tr["warm_up_s"], got["torch"]["warmed_domains"]), flush=True)
             for label in timed:
+                if "peak_gpu_mb" in got[label]:
+                    print("%-7s %s peak GPU memory of the timed steps %.0f MB (torch's allocator)" % (
+                        size, label, got[label]["peak_gpu_mb"]), flush=True)
                 for line in got[label].get("graphs", []):
                     print("%-7s %s %s" % (size, label, line), flush=True)
     print("; ".join("%s: %s" % (k, v) for k, v in layers.items() if "-compiled" not in k))
