@@ -28,16 +28,17 @@ against op-by-op execution):
   graph build here stops with a UserError if it finds the variable set behind the user's back;
 - Python state (a module's dict attributes, `model.training`, globals) is read once, when the graph is built,
   and is baked into it. Callers therefore build one compiled function per configuration of that state (step
-  kind, batch-norm mode, which domains a batch holds) and cache it; `in_graph()` is True while a graph is
+  kind, batch-norm mode) and cache it; `in_graph()` is True while a graph is
   being built, so code can pick a graph-friendly formulation at that time.
 
 Compiled training steps (reid/engine/steps.py, MODEL.JIT) follow this contract: the differentiated function
-takes only tensors (images, labels, domain ids as 0-d tensors); everything else it reads (model, loss settings
-as plain Python values, label offsets, chunk count, domains per chunk) is fixed when it is built, and it is
-cached under that key; the batch-norm mode is set around the call; fast weights are written into the
-parameters around the call (`swap_in` / `restore`) rather than passed in, which is exact for first-order
-steps (the step is detached); `fn` returns (loss, dict of scalar terms); gradients come back for every
-parameter (zeros where unused) and optimizer updates run outside the graph.
+takes only tensors (images, labels, domains); everything else it reads (model, loss settings as plain Python
+values, label offsets, chunk count) is fixed when it is built, and it is cached per step kind (the losses weigh
+every source domain by whether the batch holds it, so one graph serves every batch); the batch-norm mode is set
+around the call; fast weights are written into the parameters around the call (`swap_in` / `restore`) rather
+than passed in, which is exact for first-order steps (the step is detached); `fn` returns (loss, dict of scalar
+terms); gradients come back for every parameter (zeros where unused) and optimizer updates run outside the
+graph.
 
 Every Parameter and buffer a graph touches must have a unique name: `prepare(model)` names them by their
 `named_parameters()` / `named_buffers()` names (MindSpore refuses duplicates). Buffers must be Parameters

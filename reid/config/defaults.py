@@ -24,9 +24,9 @@ _C.MODEL.NUM_SPLITS = 4
 # per-chunk BN statistics (the same function, rounded differently; compiled steps always do this). Cost of True:
 # none measured at full size; at demo width with 4 chunks a MindSpore step takes 2.4-3.5x longer (README).
 _C.MODEL.CHUNK_FORWARDS = True
-# MindSpore: compiled training steps (static graphs, compat/jit.py: one per step kind and domains per chunk, built
-# on first use: ~40 s each at the demo's size, 1-3.5 minutes at full size on a 2-core CPU); False: op by op, the
-# slower path that needs more memory at full size (README "Known limitations"). On torch it does nothing.
+# MindSpore: compiled training steps (static graphs, compat/jit.py: one per step kind, built on first use: ~40 s
+# each at the demo's size, 1-3.5 minutes at full size on a 2-core CPU); False: op by op, the slower path that
+# needs more memory at full size (README "Known limitations"). On torch it does nothing.
 _C.MODEL.JIT = True
 # MindSpore: where the compiled evaluation graph (TEST.JIT) is kept, so that a later run (train.py or test.py) with
 # the same code, model config and batch shape loads it instead of building it again (~1 s instead of a minute or

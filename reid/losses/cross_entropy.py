@@ -67,21 +67,20 @@ def _check_per_domain(targets, domains, offsets, sizes):
     return present
 
 
-def _per_domain_by_weights(logits_list, targets, domains, offsets, epsilon, scale, present):
-    """The same loss when the present domain ids are 0-d tensors (compiled steps, reid/engine/steps.py): every
-    classifier's term, times 1 where its domain is present and 0 where not. An absent domain's term is
-    exactly 0 (all its rows are masked out), so the sum equals the sum over the present domains."""
-    total = None
+def _per_domain_by_weights(logits_list, targets, domains, offsets, epsilon, scale):
+    """The same loss inside compiled steps, which build one graph whatever domains the batch holds
+    (reid/engine/steps.py): every classifier's term, weighted 1 where the batch holds its domain and 0 where
+    not, over the sum of the weights. An absent domain's term is exactly 0 (all its rows are masked out), so
+    this is the mean over the present domains."""
+    total, weights = None, None
     for k in range(len(logits_list)):
         mask = (domains == k).long()
         per_sample = _per_sample_loss(logits_list[k], (targets.long() - int(offsets[k])) * mask, epsilon)
-        weight = None
-        for d in present:
-            hit = (d == k).float()
-            weight = hit if weight is None else weight + hit
+        weight = (mask.float().sum() > 0).float()
         term = _mean_over_non_zero(per_sample * mask.float()) * scale * weight
         total = term if total is None else total + term
-    return total / len(present)
+        weights = weight if weights is None else weights + weight
+    return total / weights
 
 
 def cross_entropy_per_domain(logits_list, targets, domains, offsets, epsilon=0.1, scale=0.5, return_present=False,
@@ -92,12 +91,13 @@ def cross_entropy_per_domain(logits_list, targets, domains, offsets, epsilon=0.1
     targets: (N,) global labels (relabelled domain by domain); domains: (N,) source index of each sample;
     offsets: first global label of each domain. With return_present, returns (loss, present domain ids):
     a classifier whose domain is absent got no gradient in the original (torch's None), see the trainer.
-    present: the sorted domain ids the batch holds, when the caller knows them (compiled steps, which cannot
-    read labels on the host); else they are read from `domains`.
+    present: the sorted domain ids the batch holds, when the caller knows them; else they are read from
+    `domains`. Compiled steps, which cannot read labels on the host, weigh every classifier by whether the batch
+    holds its domain instead (`_per_domain_by_weights`).
     """
     found = _check_per_domain(targets, domains, list(offsets), [int(l.shape[1]) for l in logits_list])
     if compat.jit.in_graph():
-        return _per_domain_by_weights(logits_list, targets, domains, offsets, epsilon, scale, present)
+        return _per_domain_by_weights(logits_list, targets, domains, offsets, epsilon, scale)
     if present is None:
         present = found
     total = None

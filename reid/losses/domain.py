@@ -15,17 +15,29 @@ def _present(domains):
 
 
 def _domain_masks(domains, present=None):
-    """[((N,) float mask, count)] for the domains present, in increasing id order (`present`: those ids
-    when the caller knows them, as compiled steps must, as ints or 0-d tensors; else read from `domains`). The
-    count is a tensor computed from the mask, not a host number: constants whose value changes from batch to
-    batch would make MindSpore's cached backward graph dynamic (compat/autograd.py)."""
+    """[((N,) float mask, count, weight)] for the domain ids `present` (else the ids read from `domains`), in
+    that order. Compiled steps pass every source domain's id (reid/engine/steps.py: one graph whatever the batch
+    holds): a domain the batch lacks gets weight 0 (its mask is empty), every other weight 1, and its count is
+    taken as 1 so that nothing divides by 0. Each loss below is sum_d weight_d * term_d / sum_d weight_d: over
+    the domains present exactly the mean over them (times 1.0, plus 0.0), as op by op. Counts and weights are
+    tensors computed from the masks, not host numbers: constants whose value changes from batch to batch would
+    make MindSpore's cached backward graph dynamic (compat/autograd.py)."""
     if present is None:
         present = _present(domains)
     out = ()  # a tuple: a list of tuples of tensors fails to compile in places (compat/jit.py)
-    for d in present:  # d: an int, or in compiled steps a 0-d tensor (reid/engine/steps.py)
+    for d in present:
         mask = (domains == d).float()
-        out = out + ((mask, mask.sum()),)
+        count = mask.sum()
+        out = out + ((mask, count.clamp(min=1.0), (count > 0).float()),)
     return out
+
+
+def _weighted_mean(terms_and_weights):
+    total, weights = None, None
+    for term, weight in terms_and_weights:
+        total = term * weight if total is None else total + term * weight
+        weights = weight if weights is None else weights + weight
+    return total / weights
 
 
 def domain_sct_loss(embedding, domains, norm_feat=True, present=None):
@@ -39,13 +51,13 @@ def domain_sct_loss(embedding, domains, norm_feat=True, present=None):
     masks = _domain_masks(domains, present)
     _check_not_empty(len(masks), "domain_sct_loss")
     feat_norm = safe_norm(embedding, 1)
-    total = None
-    for mask, count in masks:
+    terms = ()
+    for mask, count, weight in masks:
         center = (embedding * mask.unsqueeze(1)).sum(0) / count
-        cos = (embedding * center.unsqueeze(0)).sum(1) / (feat_norm * safe_norm(center, 0))
-        term = (cos * mask).sum() / count
-        total = term if total is None else total + term
-    return total / len(masks)
+        # an absent domain's center is 0: + (1 - weight) keeps its (masked-out) cosines at 0, not 0 / 0
+        cos = (embedding * center.unsqueeze(0)).sum(1) / (feat_norm * safe_norm(center, 0) + (1.0 - weight))
+        terms = terms + (((cos * mask).sum() / count, weight),)
+    return _weighted_mean(terms)
 
 
 @compat.eager_only
@@ -75,30 +87,33 @@ def intra_cluster_loss(paths, domains, margin=0.1, centroid="scalar", present=No
     p = compat.normalize(paths, 2, 1)
     masks = _domain_masks(domains, present)
     _check_not_empty(len(masks), "intra_cluster_loss")
-    total = None
-    for mask, count in masks:
+    terms = ()
+    for mask, count, weight in masks:
         m = _centroid(p, mask, count, centroid)
         dist = safe_norm(p - m, 1)
-        term = ((F.relu(dist - margin) ** 2) * mask).sum() / count
-        total = term if total is None else total + term
-    return total / len(masks)
+        terms = terms + ((((F.relu(dist - margin) ** 2) * mask).sum() / count, weight),)
+    return _weighted_mean(terms)
 
 
 def inter_cluster_loss(paths, domains, margin=0.3, centroid="scalar", present=None):
     """L_inter: mean over pairs of present domains of ReLU(margin - ||m_i - m_j||)^2 (same centroids as
     intra_cluster_loss). With fewer than 2 domains present it returns the original's constant fall-back,
-    domains.float().mean(), which carries no gradient."""
+    domains.float().mean(), which carries no gradient (compiled, where every source domain's id comes in, the
+    choice is made on the number of present pairs, as a tensor)."""
     p = compat.normalize(paths, 2, 1)
     masks = _domain_masks(domains, present)
+    fallback = domains.float().mean()
     if len(masks) < 2:
-        return domains.float().mean()
-    means = [_centroid(p, mask, count, centroid) for mask, count in masks]
-    total, count = None, 0
+        return fallback
+    means = [_centroid(p, mask, count, centroid) for mask, count, _ in masks]
+    total, pairs = None, None
     for i in range(len(means)):
         for j in range(i + 1, len(means)):
             diff = means[i] - means[j]
             dist = safe_sqrt(diff * diff) if centroid == "scalar" else safe_norm(diff, 0)
-            term = F.relu(margin - dist) ** 2
+            both = masks[i][2] * masks[j][2]
+            term = F.relu(margin - dist) ** 2 * both
             total = term if total is None else total + term
-            count += 1
-    return total / count
+            pairs = both if pairs is None else pairs + both
+    has_pairs = (pairs > 0).float()  # (a blend, not a where: MSAdapter's where fails on 0-d tensors op by op)
+    return total / pairs.clamp(min=1.0) * has_pairs + fallback * (1.0 - has_pairs)
