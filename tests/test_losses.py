@@ -122,6 +122,18 @@ def _loss_calls(inp, c):
         "inter_gap": lambda: L.inter_cluster_loss(paths, T(inp["paths_dom_gap"])),
         "inter_gap_vector": lambda: L.inter_cluster_loss(paths, T(inp["paths_dom_gap"]), centroid="vector"),
         "inter_one_domain": lambda: L.inter_cluster_loss(paths, T(np.full(12, 2, np.int64))),
+        # compiled steps pass every source domain's id and the losses weigh each by its presence
+        # (reid/engine/steps.py): with domain 1 absent, and with one domain alone, the same values
+        "sct_every_id_gap": lambda: L.domain_sct_loss(ce, T(inp["paths_dom_gap"]), present=(0, 1, 2)),
+        "sct_every_id_one_domain": lambda: L.domain_sct_loss(qe[:6], qd[:6], present=(0, 1, 2)),
+        "intra_every_id_gap": lambda: L.intra_cluster_loss(paths, T(inp["paths_dom_gap"]), present=(0, 1, 2)),
+        "inter_every_id_gap": lambda: L.inter_cluster_loss(paths, T(inp["paths_dom_gap"]), present=(0, 1, 2)),
+        "inter_every_id_gap_vector": lambda: L.inter_cluster_loss(paths, T(inp["paths_dom_gap"]), centroid="vector",
+                                                                  present=(0, 1, 2)),
+        "inter_every_id_one_domain": lambda: L.inter_cluster_loss(paths, T(np.full(12, 2, np.int64)),
+                                                                  present=(0, 1, 2)),
+        "ce_by_weights_gap": lambda: _ce_by_weights(logits, T(inp["ce_tgt_gap"]), T(inp["ce_dom_gap"]),
+                                                    inp["offsets"]),
         "center": lambda: L.center_loss(T(inp["center_dist"]), T(inp["center_tgt"])),
         "ce": lambda: L.cross_entropy_per_domain(logits, cet, ced, inp["offsets"]),
         "ce_eps0_scale1": lambda: L.cross_entropy_per_domain(logits, cet, ced, inp["offsets"], 0.0, 1.0),
@@ -131,6 +143,13 @@ def _loss_calls(inp, c):
                                                            inp["offsets"], 0.0, 1.0),
         "ce_zero_logits": lambda: L.cross_entropy_per_domain([l * 0 for l in logits], cet, ced, inp["offsets"]),
     }
+
+
+def _ce_by_weights(logits, targets, domains, offsets, epsilon=0.1, scale=0.5):
+    """cross_entropy_per_domain's compiled-step form (every classifier weighted by its domain's presence), which
+    it takes only while a graph is built; called op by op here."""
+    from reid.losses.cross_entropy import _per_domain_by_weights
+    return _per_domain_by_weights(logits, targets, domains, offsets, epsilon, scale)
 
 
 def _objective_values(inp, c):
@@ -194,11 +213,33 @@ def _grad_setups(inp):
     }
 
 
+# Gradients of the compiled steps' every-domain forms (domain 1 absent) next to the present-domain forms: equal
+EVERY_ID_GRADS = {"sct_every_id_gap": "sct_gap", "cluster_every_id_gap": "cluster_gap",
+                  "ce_by_weights_gap": "ce_gap"}
+
+
+def _every_id_grad_setups(inp):
+    from reid import losses as L
+    gap = inp["paths_dom_gap"]
+
+    def cluster(x, T, present=None):
+        return (L.intra_cluster_loss(x[0], T(gap), present=present)
+                + L.inter_cluster_loss(x[0], T(gap), margin=0.9, centroid="vector", present=present))
+    return {
+        "sct_gap": ([inp["cont_emb"]], lambda x, T: L.domain_sct_loss(x[0], T(gap))),
+        "sct_every_id_gap": ([inp["cont_emb"]], lambda x, T: L.domain_sct_loss(x[0], T(gap), present=(0, 1, 2))),
+        "cluster_gap": ([inp["paths"]], cluster),
+        "cluster_every_id_gap": ([inp["paths"]], lambda x, T: cluster(x, T, (0, 1, 2))),
+        "ce_by_weights_gap": (list(inp["logits"]), lambda x, T: _ce_by_weights(
+            x, T(inp["ce_tgt_gap"]), T(inp["ce_dom_gap"]), inp["offsets"])),
+    }
+
+
 def case_grads(seed=0):
     import compat
     inp = make_inputs(seed)
     out = {}
-    for name, (arrays, fn) in _grad_setups(inp).items():
+    for name, (arrays, fn) in dict(_grad_setups(inp), **_every_id_grad_setups(inp)).items():
         params = [compat.nn.Parameter(compat.as_tensor(a)) for a in arrays]
         loss, _, grads = compat.value_and_grad(lambda *ps: fn(list(ps), compat.as_tensor), params)(*params)
         out[name] = dict(loss=float(compat.to_numpy(loss)), grads=[compat.to_numpy(g) for g in grads])
@@ -463,12 +504,19 @@ def reference_values(inp):
         "inter_gap": np_inter(paths, inp["paths_dom_gap"]),
         "inter_gap_vector": np_inter(paths, inp["paths_dom_gap"], vector=True),
         "inter_one_domain": 2.0,  # the original's fall-back: domain_ids.float().mean()
+        "sct_every_id_gap": np_sct(ce_emb, inp["paths_dom_gap"]),
+        "sct_every_id_one_domain": np_sct(qe[:6], qd[:6]),
+        "intra_every_id_gap": np_intra(paths, inp["paths_dom_gap"]),
+        "inter_every_id_gap": np_inter(paths, inp["paths_dom_gap"]),
+        "inter_every_id_gap_vector": np_inter(paths, inp["paths_dom_gap"], vector=True),
+        "inter_every_id_one_domain": 2.0,
         "center": np_center(inp["center_dist"], inp["center_tgt"]),
         "ce": np_ce(logits, cet, ced, offs),
         "ce_eps0_scale1": np_ce(logits, cet, ced, offs, 0.0, 1.0),
         "ce_gap": np_ce(logits, inp["ce_tgt_gap"], inp["ce_dom_gap"], offs),
         "ce_saturated": np_ce(inp["logits_saturated"], cet, ced, offs, 0.0, 1.0),
         "ce_zero_logits": float(np.mean([0.5 * np.log(w) for w in inp["widths"]])),  # CE of uniform = log C
+        "ce_by_weights_gap": np_ce(logits, inp["ce_tgt_gap"], inp["ce_dom_gap"], offs),
     }
     for name, (kind, num_splits, neck_feat, order) in OBJECTIVE_CASES.items():
         terms = np_objective(kind, objective_batch(inp, order), num_splits, neck_feat, offs)
@@ -549,6 +597,19 @@ def test_grads_match_torch_autograd(backend):
     # tied hardest negatives (duplicated rows 2, 3) share the gradient evenly, as the original's per-row min did
     tie = got["meta_tie"]["grads"][0]
     assert np.any(tie[2]) and np.allclose(tie[2], tie[3], rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("backend", [_param(b) for b in BACKENDS])
+def test_every_domain_forms_have_the_present_domain_gradients(backend):
+    """The compiled steps' losses (every source domain, weighted by presence) give the gradients of the losses
+    over the present domains, op by op here, with a domain absent: finite, and equal to float32 rounding."""
+    got = results(backend)[1]
+    for every, present in EVERY_ID_GRADS.items():
+        assert got[every]["loss"] == pytest.approx(got[present]["loss"], rel=1e-6, abs=1e-7), every
+        assert any(np.any(r) for r in got[present]["grads"]), present
+        for g, r in zip(got[every]["grads"], got[present]["grads"]):  # (the absent domain's classifier: zeros)
+            assert np.all(np.isfinite(g)), every
+            np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-6 * float(np.abs(r).max()) + 1e-9, err_msg=every)
 
 
 @pytest.mark.parity
