@@ -32,9 +32,10 @@ against op-by-op execution):
   being built, so code can pick a graph-friendly formulation at that time.
 
 Compiled training steps (reid/engine/steps.py, MODEL.JIT) follow this contract: the differentiated function
-takes only tensors (images, labels, domains); everything else it reads (model, loss settings as plain Python
-values, label offsets, chunk count) is fixed when it is built, and it is cached per step kind (the losses weigh
-every source domain by whether the batch holds it, so one graph serves every batch); the batch-norm mode is set
+takes only tensors (images, labels, domains; meta steps also their domain ids as 0-d tensors); everything else it
+reads (model, loss settings as plain Python values, label offsets, chunk count) is fixed when it is built, and
+it is cached per step kind (the basic step's losses weigh every source domain by whether the batch holds it;
+a meta batch holds a fixed number of domains per chunk); the batch-norm mode is set
 around the call; fast weights are written into the parameters around the call (`swap_in` / `restore`) rather
 than passed in, which is exact for first-order steps (the step is detached); `fn` returns (loss, dict of scalar
 terms); gradients come back for every parameter (zeros where unused) and optimizer updates run outside the

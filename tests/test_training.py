@@ -250,8 +250,8 @@ def assert_compiled_steps_match(plan, pt, eager, compiled, splits):
     errors against op by op for reporting."""
     assert compiled["kinds"] == eager["kinds"] == plan
     # one graph per step kind, whatever domains the chunks hold (op by op: one function per kind and domains)
-    assert eager["graphs"] == [] and compiled["graphs"] == ["basic all domains", "mtest all domains",
-                                                            "mtrain all domains"]
+    assert eager["graphs"] == [] and len(compiled["graphs"]) == 3 and compiled["graphs"][0] == "basic all domains"
+    assert [g.split()[0] for g in compiled["graphs"]] == ["basic", "mtest", "mtrain"]
     worst = {"loss": 0.0, "term": 0.0, "total": 0.0, "tensor": 0.0, "stats": 0.0}
     for step, kind in enumerate(plan):
         label = "step %d (%s)" % (step, kind)

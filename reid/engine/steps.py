@@ -7,7 +7,8 @@ computed by the caller in numpy (`chunk_domains`), so the differentiated functio
 `fast` (mtest only) is the detached fast-weight step α·r·g: the loss is taken at θ' = θ - fast.
 
 Functions are built on first use and cached (`self.cache`): op by op one per (step kind, per-chunk domains),
-compiled one per step kind (its losses weigh every source domain by whether the chunk holds it: `_graph_key`).
+compiled one per step kind (the basic step's losses weigh every source domain by whether the chunk holds it;
+meta batches always hold the same number of domains per chunk: `_graph_key`).
 What a function captures is fixed then: the model, the loss settings (plain Python values from
 `loss_settings`, never the yacs config), the label offsets, the chunk count and, op by op, `present`. Two
 ways to run them:
@@ -53,6 +54,16 @@ def signature(present):
     return "_".join("".join(str(d) for d in chunk) for chunk in present)
 
 
+def _regroup(ids, counts):
+    """The flat domain-id arguments back into per-chunk groups (`counts` ids each)."""
+    out = ()
+    start = 0
+    for k in counts:
+        out = out + (ids[start:start + k],)
+        start = start + k
+    return out
+
+
 def _concatenated(outputs):
     """The train-mode output dicts of consecutive chunks as one dict (dim 0; lists element-wise; None stays)."""
     cat = compat.torch.cat
@@ -85,7 +96,7 @@ class StepFunctions:
         if (fast is not None) != (kind == "mtest"):
             raise ValueError("fast-weight steps go with the meta-test step only")
         fn = self.function(kind, present)
-        args = (batch["images"], batch["targets"], batch["domains"])
+        args = (batch["images"], batch["targets"], batch["domains"]) + self._id_args(kind, present)
         with bn_mode(self.model, BN_MODES[kind]):  # op by op read on every call; compiled, baked when built
             if not self.compiled:
                 return fn(*(args + tuple(fast or ())))
@@ -99,7 +110,7 @@ class StepFunctions:
 
     def function(self, kind, present):
         """The cached differentiated function of (kind, present): called with (images, targets, domains), then
-        op by op in meta-test the fast-weight steps."""
+        op by op in meta-test the fast-weight steps, compiled in meta steps the domain ids (`_id_args`)."""
         present = tuple(tuple(int(d) for d in c) for c in present)
         key = (kind, self._graph_key(kind, present))
         if key not in self.cache:
@@ -107,26 +118,46 @@ class StepFunctions:
         return self.cache[key]
 
     def _graph_key(self, kind, present):
-        """Compiled, one graph per step kind: its losses take every source domain in every chunk, each weighted
-        by whether the chunk holds it (reid/losses: an absent domain weighs 0), so the domains a batch holds
-        are read from its labels inside the graph. (Keyed by domains per chunk, a basic step of the 4-chunk
-        recipes met ~50 different keys in 500 iterations, each a graph of its own: minutes to build and GBs
-        kept at full size.) Op by op the ids are constants of the function (one name per structure,
-        compat/autograd.py)."""
-        if self.compiled:
+        """Compiled, one graph per step kind. The basic step's losses take every source domain in every chunk,
+        each weighted by whether the chunk holds it (reid/losses: an absent domain weighs 0), so the domains
+        a batch holds are read from its labels inside the graph (keyed by domains per chunk instead, the
+        4-chunk recipes' basic steps met 15-21 keys in 500 iterations, each a graph of minutes and GBs at full
+        size). A meta batch is built domain by domain, so its chunks always hold the same number of domains:
+        there the ids travel as tensor arguments (`_id_args`) and the key is that number per chunk, one key
+        per configuration (the every-domain form would compute the absent domains' terms too: measured at
+        demo size, +7-9 s per meta graph build and ~+0.06 s per iteration). Op by op the ids are constants of
+        the function (one name per structure, compat/autograd.py)."""
+        if not self.compiled:
+            return present
+        if kind == "basic":
             return "all domains"
-        return present
+        return tuple(len(c) for c in present)
+
+    def _id_args(self, kind, present):
+        if self.compiled and kind != "basic":
+            return tuple(compat.as_tensor(np.int64(d)) for c in present for d in c)
+        return ()
 
     def _build(self, kind, key):
         model, settings, offsets, num_splits = self.model, self.settings, self.offsets, self.num_splits
-        if self.compiled:
+        if self.compiled and kind == "basic":
             every_domain = (tuple(range(len(offsets))),) * num_splits  # weighted by presence inside (_graph_key)
 
-            def loss(images, targets, domains):
+            def basic_loss(images, targets, domains):
                 out = train_dict(model(images))  # compiled, the train-mode forward returns a tuple
                 return step_objective(kind, out, {"targets": targets, "domains": domains, "present": every_domain},
                                       settings, offsets, num_splits)
-            return compat.jit.value_and_grad(loss, self.params, "%s_loss" % kind)
+            return compat.jit.value_and_grad(basic_loss, self.params, "basic_loss")
+        if self.compiled:
+            counts = key
+
+            def meta_loss(images, targets, domains, *ids):
+                out = train_dict(model(images))
+                present = _regroup(ids, counts)
+                return step_objective(kind, out, {"targets": targets, "domains": domains, "present": present},
+                                      settings, offsets, num_splits)
+            name = "%s_loss_%s" % (kind, "_".join(str(c) for c in counts))
+            return compat.jit.value_and_grad(meta_loss, self.params, name)
 
         present = key
         name = "%s_loss_%s" % (kind, signature(present))
