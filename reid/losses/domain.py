@@ -16,12 +16,13 @@ def _present(domains):
 
 def _domain_masks(domains, present=None):
     """[((N,) float mask, count, weight)] for the domain ids `present` (else the ids read from `domains`), in
-    that order. Compiled steps pass every source domain's id (reid/engine/steps.py: one graph whatever the batch
-    holds): a domain the batch lacks gets weight 0 (its mask is empty), every other weight 1, and its count is
-    taken as 1 so that nothing divides by 0. Each loss below is sum_d weight_d * term_d / sum_d weight_d: over
-    the domains present exactly the mean over them (times 1.0, plus 0.0), as op by op. Counts and weights are
-    tensors computed from the masks, not host numbers: constants whose value changes from batch to batch would
-    make MindSpore's cached backward graph dynamic (compat/autograd.py)."""
+    that order; an id is an int, or in compiled meta steps a 0-d tensor. The compiled basic step passes every
+    source domain's id (reid/engine/steps.py: one graph whatever the batch holds): a domain the batch lacks gets
+    weight 0 (its mask is empty), every other weight 1, and its count is taken as 1 so that nothing divides by
+    0. Each loss below is sum_d weight_d * term_d / sum_d weight_d: over the domains present exactly the mean
+    over them (times 1.0, plus 0.0), as op by op. Counts and weights are tensors computed from the masks, not
+    host numbers: constants whose value changes from batch to batch would make MindSpore's cached backward
+    graph dynamic (compat/autograd.py)."""
     if present is None:
         present = _present(domains)
     out = ()  # a tuple: a list of tuples of tensors fails to compile in places (compat/jit.py)
