@@ -11,8 +11,8 @@ iterations without hooks and records, after every step, the loss and every param
 DIR; --follow DIR: load that state before every step and take the recorded fast-weight steps (teacher
 forcing: every step of the following run starts where the recording run's did).
 --float64 (torch only): parameters, buffers, images and the gradient all-reduce in float64.
-Writes OUT_DIR/steps_rank<R>.npz (kinds, losses, weights, buffers after every step, and with --record the
-weights before every step) and OUT_DIR/world_rank<R>.txt.
+Writes OUT_DIR/steps_rank<R>.npz (kinds, losses, weights, buffers after every step, with --record the
+weights before every step, and the compiled step graphs built: empty op by op) and OUT_DIR/world_rank<R>.txt.
 """
 import argparse
 import faulthandler
@@ -115,7 +115,9 @@ def main():
     np.savez(os.path.join(args.out, "steps_rank%d.npz" % group.rank), kinds=np.array(records["kinds"]),
              losses=np.array(records["losses"]), weights=np.stack(records["weights"]),
              buffers=np.stack(records["buffers"]), start_iter=trainer.start_iter,
-             before=np.stack(records["before"]) if records["before"] else np.zeros(0))
+             before=np.stack(records["before"]) if records["before"] else np.zeros(0),
+             graphs=np.array(sorted("%s %s" % key for key in trainer.steps.cache)
+                             if getattr(trainer.steps, "compiled", False) else [], dtype=str))
     with open(os.path.join(args.out, "world_rank%d.txt" % group.rank), "w") as fh:
         fh.write("%d %d\n" % (group.rank, group.world_size))
     group.shutdown()

@@ -6,8 +6,9 @@ train.py --nproc: torchrun on torch, scheduler + workers on MindSpore.
 
 Cost on a loaded 2-core CPU (each run starts 2 or 3 processes that import the framework): torch 2-3.5 min for
 the file (the float64 comparison ~1 of them); MindSpore 1.5-2.5 min for the step comparison (7.5 min while
-other heavy jobs ran) and ~5 min for the kill + resume scenario (skipped unless REID_DIST_FULL=1,
-`make test-dist`)."""
+other heavy jobs ran), and two more that are skipped unless REID_DIST_FULL=1 (`make test-dist`): the same
+comparison with compiled steps in the ranks (~2.5 min idle: graph builds) and the kill + resume scenario (~5
+min)."""
 import os
 import socket
 import subprocess
@@ -97,6 +98,34 @@ def test_port_in_use_and_bad_splits_are_one_line_errors_and_ranks_get_no_launch_
         local_splits(3, 2)
 
 
+def _two_ranks_against_one_process(synth_root, tmp_path, rank_opts=(), label="float32"):
+    """The one-process reference run (op by op, MODEL.NUM_SPLITS 2) and the 2-rank run following its states
+    (with `rank_opts` added), held to the bounds of the next test's docstring; returns both runs' records."""
+    ref, dist, states = str(tmp_path / "ref"), str(tmp_path / "dist"), str(tmp_path / "states")
+    os.makedirs(states)
+    _single(ref, [synth_root, str(ITERATIONS), "--record", states] + OPTS)
+    rc, messages, _ = _launch(dist, [synth_root, str(ITERATIONS), "--follow", states] + OPTS + list(rank_opts))
+    assert rc == 0, messages
+    for rank in (0, 1):
+        with open(os.path.join(dist, "world_rank%d.txt" % rank)) as fh:
+            assert fh.read().split() == [str(rank), "2"]
+    a, b = _steps(ref), _steps(dist)
+    assert list(a["kinds"]) == list(b["kinds"]) == PLAN
+    _gaps(a, b, label)
+    np.testing.assert_allclose(b["losses"], a["losses"], rtol=1e-4)
+    for step in range(len(PLAN)):
+        w_ref, w_got = a["weights"][step], b["weights"][step]
+        assert np.linalg.norm(w_got - w_ref) <= WEIGHT_TOL * np.linalg.norm(w_ref), step
+        buf_ref, buf_got = a["buffers"][step], b["buffers"][step]
+        assert np.abs(buf_got - buf_ref).max() <= 1e-4 * np.abs(buf_ref).max(), step
+        assert_update_matches({"w": a["before"][step]}, {"w": w_got}, {"w": w_ref}, *STEP_TOLS[2],
+                              label="step %d (%s)" % (step, PLAN[step]))
+    # the steps did something: the weights moved and rank 1 ended with the same weights as rank 0
+    assert np.linalg.norm(a["weights"][-1] - a["before"][0]) > 1e-3 * np.linalg.norm(a["before"][0])
+    np.testing.assert_array_equal(_steps(dist, 1)["weights"][-1], b["weights"][-1])
+    return a, b
+
+
 @pytest.mark.slow
 def test_two_ranks_take_the_steps_of_one_process_with_two_splits(synth_root, tmp_path):
     """Teacher-forced: the single process (MODEL.NUM_SPLITS 2, batch 16) records its state before each of its
@@ -115,28 +144,23 @@ def test_two_ranks_take_the_steps_of_one_process_with_two_splits(synth_root, tmp
     call) and this network turns that rounding into ~1% gradient differences (test_training.py:
     test_steps_match_between_backends explains why): weights up to 1.3e-4 apart after a step, loss 1.2e-5;
     in float64 the two runs agree to 1e-14 either way (the next test)."""
-    ref, dist, states = str(tmp_path / "ref"), str(tmp_path / "dist"), str(tmp_path / "states")
-    os.makedirs(states)
-    _single(ref, [synth_root, str(ITERATIONS), "--record", states] + OPTS)
-    rc, messages, _ = _launch(dist, [synth_root, str(ITERATIONS), "--follow", states] + OPTS)
-    assert rc == 0, messages
-    for rank in (0, 1):
-        with open(os.path.join(dist, "world_rank%d.txt" % rank)) as fh:
-            assert fh.read().split() == [str(rank), "2"]
-    a, b = _steps(ref), _steps(dist)
-    assert list(a["kinds"]) == list(b["kinds"]) == PLAN
-    _gaps(a, b, "float32")
-    np.testing.assert_allclose(b["losses"], a["losses"], rtol=1e-4)
-    for step in range(len(PLAN)):
-        w_ref, w_got = a["weights"][step], b["weights"][step]
-        assert np.linalg.norm(w_got - w_ref) <= WEIGHT_TOL * np.linalg.norm(w_ref), step
-        buf_ref, buf_got = a["buffers"][step], b["buffers"][step]
-        assert np.abs(buf_got - buf_ref).max() <= 1e-4 * np.abs(buf_ref).max(), step
-        assert_update_matches({"w": a["before"][step]}, {"w": w_got}, {"w": w_ref}, *STEP_TOLS[2],
-                              label="step %d (%s)" % (step, PLAN[step]))
-    # the steps did something: the weights moved and rank 1 ended with the same weights as rank 0
-    assert np.linalg.norm(a["weights"][-1] - a["before"][0]) > 1e-3 * np.linalg.norm(a["before"][0])
-    np.testing.assert_array_equal(_steps(dist, 1)["weights"][-1], b["weights"][-1])
+    a, b = _two_ranks_against_one_process(synth_root, tmp_path)
+    assert list(b["graphs"]) == []  # op by op (TINY)
+
+
+@pytest.mark.slow
+def test_compiled_ranks_take_the_steps_of_one_process_with_two_splits(synth_root, tmp_path):
+    """The comparison above with MindSpore's compiled steps in the ranks (MODEL.JIT True, the demo's default:
+    each rank builds the basic, meta-train and meta-test graphs of its half batch, num_splits 1 per rank) against
+    the same op-by-op one-process reference, to the same bounds: compiled against op by op alone differs by
+    ~1e-5 in the update (tests/test_compiled_steps.py), well inside them. Cost (graph builds in both ranks):
+    skipped unless REID_DIST_FULL=1 (`make test-dist`)."""
+    if _backend() != "mindspore":
+        pytest.skip("compiled steps are MindSpore's (on torch MODEL.JIT does nothing)")
+    if not FULL:
+        pytest.skip("builds three step graphs in each rank (minutes on 2 cores); `make test-dist` runs it")
+    _, b = _two_ranks_against_one_process(synth_root, tmp_path, ["MODEL.JIT", "True"], label="compiled")
+    assert [g.split()[0] for g in b["graphs"]] == ["basic", "mtest", "mtrain"], list(b["graphs"])
 
 
 @pytest.mark.slow
