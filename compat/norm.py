@@ -142,7 +142,7 @@ def _graph_instance_norm(x, weight, bias, eps):
     N*C channels). Its per-(sample, channel) scale / offset are the affine tiled N times, its statistics
     inputs constants that momentum 0 writes back unchanged. Forward and gradients equal the op-by-op kernel's
     bit for bit; the reductions it replaces (two means, five full-size elementwise ops) cost 2-7x more at
-    full size (measured per layer shape, README "Benchmarks")."""
+    full size (measured per layer shape, docs/performance.md)."""
     shape = x.shape
     n, nc = shape[0], shape[0] * shape[1]
     # MindSpore primitives only (not the layer's Tensor methods and casts, specialised per call site)

@@ -315,7 +315,7 @@ def test_demo_recipe_steps_match_between_backends(synth_root, tmp_path):
     bound. (Measured at the demo's own batch of 64 over 41 steps: projection 1.000 ± 0.0006, update error at
     most 0.6%; here 1.00001, 90 s on a loaded 2-core machine. MindSpore's SGD lr scaled by 0.97 gives 0.970 and
     fails here while passing every per-step bound. Free-running, the trajectories still separate from
-    iteration ~3 on: README, what to expect.)"""
+    iteration ~3 on: docs/demo.md.)"""
     extra = demo_recipe_overrides() + ["MODEL.NUM_SPLITS", "1", "SOLVER.MAX_EPOCH", "10"] + FULL_DEPTH
     iterations = 10
     _, pt, ms = teacher_forced_runs(synth_root, tmp_path, iterations, extra)

@@ -22,7 +22,7 @@ _C.MODEL.NUM_SPLITS = 4
 # With NUM_SPLITS > 1, op by op: True runs one forward per chunk, as DataParallel's replicas do (the kernels see
 # a chunk, so a data-parallel run's ranks compute the same); False one forward over the whole batch with
 # per-chunk BN statistics (the same function, rounded differently; compiled steps always do this). Cost of True:
-# none measured at full size; at demo width with 4 chunks a MindSpore step takes 2.4-3.5x longer (README).
+# none measured at full size; at demo width with 4 chunks a MindSpore step takes 2.4-3.5x longer (docs/performance.md).
 _C.MODEL.CHUNK_FORWARDS = True
 # MindSpore: compiled training steps (static graphs, compat/jit.py: one per step kind, built on first use: ~40 s
 # each at the demo's size, 1-3.5 minutes at full size on a 2-core CPU); False: op by op, the slower path that
