@@ -85,6 +85,7 @@ suite-torch-mindtorch:
 bench: setup
 	REID_BACKEND=mindspore $(MS_PY) bench/model.py
 	REID_BACKEND=mindspore $(MS_PY) bench/train_step.py
+	REID_BACKEND=mindspore $(MS_PY) bench/kernels.py
 	REID_BACKEND=mindspore $(MS_PY) bench/demo_eval.py
 	REID_BACKEND=mindspore $(MS_PY) bench/eval.py
 	REID_BACKEND=mindspore $(MS_PY) bench/optim_step.py
