@@ -216,7 +216,9 @@ def steps_supported():
     """Whether compiled training steps (MODEL.JIT) build on this stack: MindSpore 2.0 (MSAdapter). On the mindtorch
     stack's MindSpore 2.6.0.dev the demo network's basic-step graph had not finished building after 20 minutes
     (measured 2026-11-26: one core busy in the runtime's GraphScheduler::LinkControlArrowByAutoMonad, recursing
-    over the graph's side effects, memory flat), so MODEL.JIT runs op by op there."""
+    over the graph's side effects, memory flat), and the meta-train graph stops at its build ("The id found is
+    out of value tuple index", at the objective's dict of loss terms: 2.6 handles dicts in graphs differently),
+    so MODEL.JIT runs op by op there."""
     return _c.IS_MINDSPORE and _is_mindspore_2_0()
 
 
