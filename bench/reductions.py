@@ -1,0 +1,109 @@
+"""MindSpore's CPU reductions by form, inside compiled graphs (mindspore.jit), at the demo network's largest CODE
+block shapes (batch 64, 32 channels, 16x8 maps, 4 experts): the multi-axis and inner-axis reductions that
+broadcasting ops' gradients and the expert mix produce against the same sums written as one last-axis reduction,
+slice adds or a matrix product. Prints milliseconds per call (median of --repeats x 20 calls), each form's ratio
+to the first of its group and its largest difference from it (the forms sum in different orders: last-bit
+differences). MindSpore only (`bench/kernels.py` puts these kernels next to torch's).
+
+    python bench/reductions.py [--repeats 5]
+"""
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+N, K, C, H, W = 64, 4, 32, 16, 8
+
+
+def _groups():
+    import mindspore
+    from mindspore import Tensor, ops
+    sum_keep, mean = ops.ReduceSum(keep_dims=True), ops.ReduceMean(keep_dims=True)
+    bmm = ops.BatchMatMul()
+    ones = Tensor(np.ones((N, 1, K), np.float32))
+
+    def spatial_sum(x):            # the gradient of a per-(sample, channel) scale: SE, gate
+        return sum_keep(x, (2, 3))
+
+    def spatial_sum_last_axis(x):
+        return sum_keep(x.reshape(N * C, H * W), -1)
+
+    def expert_sum(x):             # the expert mix's sum over experts, and the expert residual's gradient
+        return sum_keep(x, 1)
+
+    def expert_sum_slices(x):
+        return x[:, 0:1] + x[:, 1:2] + x[:, 2:3] + x[:, 3:4]
+
+    def expert_sum_matmul(x):
+        return bmm(ones, x.reshape(N, K, C * H * W))
+
+    def spatial_mean(x):           # SE, router and GeM pooling
+        return mean(x, (2, 3))
+
+    def spatial_mean_last_axis(x):
+        return mean(x.reshape(N * C, H * W), -1)
+
+    def tile(s):                   # the gradient of a spatial mean
+        return ops.tile(s, (1, 1, H, W))
+
+    def broadcast(s):
+        return ops.broadcast_to(s, (N, C, H, W))
+
+    rng = np.random.default_rng(0)
+    x4 = Tensor(rng.random((N, C, H, W), dtype=np.float32))
+    x5 = Tensor(rng.random((N, K, C, H, W), dtype=np.float32))
+    s = Tensor(rng.random((N, C, 1, 1), dtype=np.float32))
+    jit = mindspore.jit
+    return [
+        ("sum over the 16x8 map of (64, 32, 16, 8)", x4, [("ReduceSum axes (2, 3)", jit(spatial_sum)),
+                                                          ("reshape (2048, 128), ReduceSum axis -1",
+                                                           jit(spatial_sum_last_axis))]),
+        ("sum over the 4 experts of (64, 4, 32, 16, 8)", x5, [("ReduceSum axis 1", jit(expert_sum)),
+                                                             ("slice adds x0 + x1 + x2 + x3", jit(expert_sum_slices)),
+                                                             ("BatchMatMul with ones", jit(expert_sum_matmul))]),
+        ("mean over the 16x8 map of (64, 32, 16, 8)", x4, [("ReduceMean axes (2, 3)", jit(spatial_mean)),
+                                                           ("reshape (2048, 128), ReduceMean axis -1",
+                                                            jit(spatial_mean_last_axis))]),
+        ("(64, 32, 1, 1) to (64, 32, 16, 8)", s, [("Tile", jit(tile)), ("BroadcastTo", jit(broadcast))]),
+    ]
+
+
+def _ms_per_call(fn, arg, repeats, calls=20):
+    fn(arg).asnumpy()  # builds the graph
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            out = fn(arg)
+        out.asnumpy()
+        times.append((time.perf_counter() - start) / calls * 1000.0)
+    return float(np.median(times)), out.asnumpy()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    import mindspore
+    mindspore.set_context(mode=mindspore.GRAPH_MODE)
+    print("MindSpore %s, CPU, compiled graphs; ms per call" % mindspore.__version__)
+    for title, arg, forms in _groups():
+        print(title)
+        first_ms, first_out = None, None
+        for label, fn in forms:
+            ms, out = _ms_per_call(fn, arg, args.repeats)
+            if first_ms is None:
+                first_ms, first_out = ms, out.reshape(-1)
+                print("  %-42s %7.3f ms" % (label, ms))
+            else:
+                diff = float(np.abs(out.reshape(-1) - first_out).max())
+                print("  %-42s %7.3f ms  (%.2fx; largest difference %.1e)" % (label, ms, ms / first_ms, diff))
+
+
+if __name__ == "__main__":
+    main()
