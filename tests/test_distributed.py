@@ -144,7 +144,7 @@ def test_two_ranks_take_the_steps_of_one_process_with_two_splits(synth_root, tmp
     call) and this network turns that rounding into ~1% gradient differences (test_training.py:
     test_steps_match_between_backends explains why): weights up to 1.3e-4 apart after a step, loss 1.2e-5;
     in float64 the two runs agree to 1e-14 either way (the next test)."""
-    a, b = _two_ranks_against_one_process(synth_root, tmp_path)
+    _, b = _two_ranks_against_one_process(synth_root, tmp_path)
     assert list(b["graphs"]) == []  # op by op (TINY)
 
 
