@@ -140,24 +140,26 @@ class StepFunctions:
 
     def _build(self, kind, key):
         model, settings, offsets, num_splits = self.model, self.settings, self.offsets, self.num_splits
-        if self.compiled and kind == "basic":
-            every_domain = (tuple(range(len(offsets))),) * num_splits  # weighted by presence inside (_graph_key)
-
-            def basic_loss(images, targets, domains):
-                out = train_dict(model(images))  # compiled, the train-mode forward returns a tuple
-                return step_objective(kind, out, {"targets": targets, "domains": domains, "present": every_domain},
-                                      settings, offsets, num_splits)
-            return compat.jit.value_and_grad(basic_loss, self.params, "basic_loss")
         if self.compiled:
-            counts = key
+            # the domains of each chunk (`_graph_key`), chosen here so that the graph holds one form: the basic
+            # step every domain (weighted by presence inside), a meta step its id arguments regrouped by `key`
+            if kind == "basic":
+                every_domain = (tuple(range(len(offsets))),) * num_splits
+                name = "basic_loss"
 
-            def meta_loss(images, targets, domains, *ids):
-                out = train_dict(model(images))
-                present = _regroup(ids, counts)
-                return step_objective(kind, out, {"targets": targets, "domains": domains, "present": present},
+                def present_of(ids):
+                    return every_domain
+            else:
+                name = "%s_loss_%s" % (kind, "_".join(str(c) for c in key))
+
+                def present_of(ids):
+                    return _regroup(ids, key)
+
+            def compiled_loss(images, targets, domains, *ids):
+                out = train_dict(model(images))  # compiled, the train-mode forward returns a tuple
+                return step_objective(kind, out, {"targets": targets, "domains": domains, "present": present_of(ids)},
                                       settings, offsets, num_splits)
-            name = "%s_loss_%s" % (kind, "_".join(str(c) for c in counts))
-            return compat.jit.value_and_grad(meta_loss, self.params, name)
+            return compat.jit.value_and_grad(compiled_loss, self.params, name)
 
         present = key
         name = "%s_loss_%s" % (kind, signature(present))
