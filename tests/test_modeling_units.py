@@ -194,6 +194,59 @@ def test_baseline_contract():
     assert len(model.backbone.layer3) == 6 and len(M.build_model(small_cfg()).backbone.layer3) == 5
 
 
+_ELEMENTWISE = {"__mul__", "__rmul__", "__add__", "__radd__", "__sub__", "__rsub__", "__truediv__", "__rtruediv__",
+                "__iadd__", "__imul__", "mul", "add", "sub", "div", "mul_", "add_", "where", "maximum", "minimum"}
+
+
+def _implicit_broadcasts(run):
+    """[(op, operand shape, output shape, caller in reid/)] for every elementwise op `run()` makes whose output
+    is a feature map (4-D or more) and which broadcasts a non-scalar tensor operand."""
+    import traceback
+    torch = compat.torch
+    found = []
+
+    class Record(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if getattr(func, "__name__", "") in _ELEMENTWISE and torch.is_tensor(out) and out.dim() >= 4:
+                for operand in list(args) + list((kwargs or {}).values()):
+                    if torch.is_tensor(operand) and 1 < operand.numel() < out.numel():
+                        caller = next(("%s:%d" % (f.filename.split("/reid/")[-1], f.lineno)
+                                       for f in reversed(traceback.extract_stack()) if "/reid/" in f.filename), "?")
+                        found.append((func.__name__, tuple(operand.shape), tuple(out.shape), caller))
+            return out
+
+    with Record():
+        run()
+    return found
+
+
+@pytest.mark.skipif(compat.IS_MINDSPORE, reason="records ops through torch's __torch_function__; the model code "
+                    "is the same on every backend")
+@pytest.mark.parametrize("backbone", M.BACKBONE_REGISTRY.names())
+def test_no_implicit_broadcast_on_feature_maps(backbone):
+    """Every broadcast of a per-channel / per-sample / per-expert tensor over a feature map is written out
+    (`.expand_as`): in a compiled MindSpore 2.0 CPU graph each implicitly broadcasting elementwise kernel keeps
+    about four times its output in memory for the life of the graph, per graph (docs/performance.md);
+    expanded first, the same op keeps nothing. torch computes both forms bit for bit alike."""
+    from reid.modeling.backbones.acl_resnet import SELayer
+    np.random.seed(0)
+    model = M.build_model(small_cfg("ACL" if backbone.startswith("acl") else "Baseline", backbone, width=8))
+
+    def forwards():
+        model.train()
+        model(images())
+        model.eval()
+        model(images())
+    assert _implicit_broadcasts(forwards) == []
+
+    class ImplicitSE(SELayer):  # the check sees the form it forbids
+        def forward(self, x):
+            return x * compat.torch.sigmoid(self.fc2(self.fc1(x.mean((2, 3))))).reshape(2, 32, 1, 1)
+    x = compat.as_tensor(np.ones((2, 32, 4, 2), np.float32))
+    assert [f[1:3] for f in _implicit_broadcasts(lambda: ImplicitSE(32)(x))] == [((2, 32, 1, 1), (2, 32, 4, 2))]
+    assert _implicit_broadcasts(lambda: SELayer(32)(x)) == []
+
 def test_bn_modes_and_running_stats():
     bn = M.MetaBatchNorm(3)
     x = np.random.RandomState(11).randn(6, 3, 4, 2) * 3 + 2

@@ -165,7 +165,7 @@ class MetaGate(MetaModule):
 
     def forward(self, a, b):
         g = compat.torch.sigmoid(self._get("gate")).reshape(1, -1, 1, 1)
-        return g * a + (1.0 - g) * b
+        return g.expand_as(a) * a + (1.0 - g).expand_as(b) * b
 
 
 class MetaCenters(MetaModule):

@@ -71,7 +71,7 @@ class ReIDModel(nn.Module):
     def preprocess(self, images):
         _check_images(images.shape)
         mean, std = self._constants()
-        return (images - mean) / std
+        return (images - mean.expand_as(images)) / std.expand_as(images)
 
     def forward(self, images):
         features, paths = self.backbone(self.preprocess(images))

@@ -36,7 +36,7 @@ class SELayer(nn.Module):
     def forward(self, x):
         n, c = x.shape[0], x.shape[1]
         y = torch.sigmoid(self.fc2(F.relu(self.fc1(x.mean((2, 3))))))
-        return x * y.reshape(n, c, 1, 1)
+        return x * y.reshape(n, c, 1, 1).expand_as(x)
 
 
 class HyperRouter(nn.Module):
@@ -85,7 +85,7 @@ class ExpertBottleneck(nn.Module):
         out = F.relu(self.bn1(F.conv2d(x, self.conv1._get("weight"))))
         out = F.relu(self.bn2(self.conv2(out)))
         out = self.bn3(self.conv3(out)).reshape(n, self.num_experts, c, h, w)
-        return F.relu(out + x.reshape(n, 1, c, h, w))
+        return F.relu(out + x.reshape(n, 1, c, h, w).expand_as(out))
 
 
 class CODEBlock(nn.Module):
@@ -108,7 +108,7 @@ class CODEBlock(nn.Module):
         invariant = self.adaptor_base(x)
         experts = self.adaptor_sub(x)
         weights = self.router(x)
-        specific = (experts * weights.reshape(n, self.num_experts, 1, 1, 1)).sum(1)
+        specific = (experts * weights.reshape(n, self.num_experts, 1, 1, 1).expand_as(experts)).sum(1)
         fused = self.meta_fuse(self.invariant_norm(invariant), self.specific_norm(specific))
         return self.meta_se(fused), weights
 
