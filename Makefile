@@ -87,6 +87,7 @@ bench: setup
 	REID_BACKEND=mindspore $(MS_PY) bench/train_step.py
 	REID_BACKEND=mindspore $(MS_PY) bench/kernels.py
 	REID_BACKEND=mindspore $(MS_PY) bench/reductions.py
+	REID_BACKEND=mindspore $(MS_PY) bench/graph_memory.py
 	REID_BACKEND=mindspore $(MS_PY) bench/demo_eval.py
 	REID_BACKEND=mindspore $(MS_PY) bench/eval.py
 	REID_BACKEND=mindspore $(MS_PY) bench/optim_step.py

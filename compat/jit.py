@@ -26,6 +26,10 @@ against op-by-op execution):
   the process variable MS_DEV_ENABLE_FALLBACK_RUNTIME=0. Graphs built after that return a dict as a tuple or fail
   to parse. compat/export.py builds such graphs inside `fallback_kept()`, which puts the variable back, and a
   graph build here stops with a UserError if it finds the variable set behind the user's back;
+- a tensor that is broadcast over a feature map in an elementwise op is expanded first (`w.expand_as(x) * x`,
+  not `w * x`): MindSpore 2.0's CPU kernels for broadcasting elementwise ops each keep about four times their
+  output for the life of the graph, in every graph (bench/graph_memory.py); `BroadcastTo` and same-shape
+  kernels keep nothing. tests/test_modeling_units.py finds implicit broadcasts over feature maps in the network;
 - Python state (a module's dict attributes, `model.training`, globals) is read once, when the graph is built,
   and is baked into it. Callers therefore build one compiled function per configuration of that state (step
   kind, batch-norm mode) and cache it; `in_graph()` is True while a graph is
