@@ -11,7 +11,8 @@ Kinds (feature maps of 64 channels, 64x32, batch --batch):
   scale         x * w, w a per-channel (1, C, 1, 1) parameter: an implicitly broadcasting multiply
   scale-expand  x * w.broadcast_to(x.shape): the same product, broadcast first
 Each kind runs in its own process. Printed last: a further graph's memory, implicit broadcast against broadcast
-first, and the difference in feature maps per layer. MindSpore only (torch has no graphs; its broadcasting costs no memory of its own).
+first, and the difference in feature maps per layer. MindSpore only (torch has no graphs; its broadcasting
+costs no memory of its own).
 
     python bench/graph_memory.py [--batch 32]
 """
