@@ -27,11 +27,6 @@ KINDS = ("relu", "conv3x3", "scale", "scale-expand")
 LAYERS, CHANNELS, HEIGHT, WIDTH = 6, 64, 64, 32
 
 
-def _resident_mb():
-    with open("/proc/self/status") as fh:
-        return next(int(line.split()[1]) / 1024.0 for line in fh if line.startswith("VmRSS:"))
-
-
 def graphs_kept(kind, batch, graphs=3):
     """Resident MB each of `graphs` compiled forward + backward graphs of a `kind` network added."""
     import gc
@@ -41,6 +36,7 @@ def graphs_kept(kind, batch, graphs=3):
     from mindspore import Parameter, Tensor, nn, ops
 
     import compat  # noqa: F401  (sets MindSpore's context and thread pool as the project runs it)
+    from bench.timing import _rss_mb
 
     class Scale(nn.Cell):
         def __init__(self, expand):
@@ -82,7 +78,7 @@ def graphs_kept(kind, batch, graphs=3):
         step.__name__ = "graph_memory_%d" % i   # one name per graph: MindSpore caches graphs by name
         return mindspore.jit(step)
 
-    added, before = [], _resident_mb()
+    added, before = [], _rss_mb(os.getpid())
     for i in range(graphs):
         step = named(i)
         for _ in range(2):
@@ -90,7 +86,7 @@ def graphs_kept(kind, batch, graphs=3):
             loss.asnumpy()
             del loss
             gc.collect()
-        now = _resident_mb()
+        now = _rss_mb(os.getpid())
         added.append(now - before)
         before = now
     return {"added_mb": added, "feature_map_mb": batch * CHANNELS * HEIGHT * WIDTH * 4 / 2.0 ** 20}
@@ -114,6 +110,7 @@ def main():
     print("a further graph, implicit broadcast against broadcast first: %.0f / %.0f MB, i.e. %.1f feature maps "
           "per scale layer (two broadcasting kernels: the product and its input gradient)"
           % (further["scale"], further["scale-expand"], per_layer))
+
 
 if __name__ == "__main__":
     main()
