@@ -8,8 +8,9 @@ NUM_SPLITS 1), full (DEPTH 50x, BASE_WIDTH 64, 256x128, batch 16, meta batches 2
 (the same at half the batch: 8, meta batches 2x4 + 4); demo-s4 and full-b8-s2 are demo and full-b8 with
 MODEL.NUM_SPLITS 4 and 2, where --batch-forwards adds each backend's MODEL.CHUNK_FORWARDS False run (one forward
 over the batch with per-chunk BN statistics instead of one forward per chunk). The default is demo,full-b8: on CPU
-a full-size batch-16 step of the MindSpore backend needs more than 24 GB of memory (the kernel's OOM killer
-stopped it at 24 GB resident on our 24 GiB machines). Data: a small synthetic set (augmentation off, loader in the
+a full-size batch-16 step of the MindSpore backend op by op needs more than 24 GB of memory (the kernel's OOM
+killer stopped it at 24 GB resident on our 24 GiB machines; compiled, the whole batch-16 run peaks at ~6 GB:
+`--sizes full --variants mindspore-compiled,torch`). Data: a small synthetic set (augmentation off, loader in the
 main process; reading and resizing the images is part of each step, about 1% of it). Class counts come from that
 data, so the full-size head is smaller than Protocol-2's. Before timing, each side runs a basic step and meta
 steps until every source domain has been the meta-test domain once, so that no step signature builds its
