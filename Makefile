@@ -104,7 +104,7 @@ test-compiled: setup
 	REID_ALLOW_MISSING_BACKEND= REID_BACKEND=mindspore $(MS_PY) -m pytest tests/test_compiled_steps.py -q $(PYTEST_ARGS)
 
 # The data-parallel tests including two that `make test` skips on MindSpore to stay within its 20 minutes: the
-# step comparison with compiled steps in the ranks (~2.5 minutes on 2 cores: each rank builds three graphs) and
+# step comparison with compiled steps in the ranks (~2.5 minutes on 2 cores: each rank builds its step graphs) and
 # the kill + resume scenario (three 2-rank MindSpore runs, ~5 minutes).
 test-dist: setup
 	REID_DIST_FULL=1 REID_BACKEND=mindspore $(MS_PY) -m pytest tests/test_distributed.py -q -rs $(PYTEST_ARGS)

@@ -39,7 +39,8 @@ Compiled training steps (reid/engine/steps.py, MODEL.JIT) follow this contract: 
 takes only tensors (images, labels, domains; meta steps also their domain ids as 0-d tensors); everything else it
 reads (model, loss settings as plain Python values, label offsets, chunk count) is fixed when it is built, and
 it is cached per step kind (the basic step's losses weigh every source domain by whether the batch holds it;
-a meta batch holds a fixed number of domains per chunk); the batch-norm mode is set
+a meta batch holds a fixed number of domains per chunk; by default the basic and meta-train steps share one
+graph that weighs the two objectives by tensor arguments); the batch-norm mode is set
 around the call; fast weights are written into the parameters around the call (`swap_in` / `restore`) rather
 than passed in, which is exact for first-order steps (the step is detached); `fn` returns (loss, dict of scalar
 terms); gradients come back for every parameter (zeros where unused) and optimizer updates run outside the
@@ -248,6 +249,11 @@ def swap_in(params, steps):
     for p, step in zip(params, steps):
         _c.assign_(p, p - step)
     return saved
+
+
+def snapshot(tensors):
+    """Copies of the values of `tensors` (e.g. the running statistics a graph is about to write), for `restore`."""
+    return [_copy(t) for t in tensors]
 
 
 def restore(params, saved):

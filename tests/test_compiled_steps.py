@@ -7,8 +7,11 @@ iterations and saves its state before every step; MindSpore op by op and compile
 that state and take torch's fast-weight step in meta steps. Op by op runs one forward over the batch with
 per-chunk batch-norm statistics (MODEL.CHUNK_FORWARDS False), the function the compiled step computes.
 
-Cost: the compiled side builds one graph per step kind (three), ~35-40 s each on an idle 2-core machine at this
-depth (26x); op by op builds one backward per (step kind, domains per chunk).
+Run twice: with the basic and meta-train steps in one graph (MODEL.JIT_SHARED_GRAPH True, the default: two
+graphs) and with a graph per step kind (False: three), the path the shared graph replaced, kept selectable.
+
+Cost: the compiled side builds its graphs, ~35-40 s each on an idle 2-core machine at this depth (26x); op by
+op builds one backward per (step kind, domains per chunk).
 """
 import pytest
 
@@ -19,8 +22,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.parity]
 ITERATIONS = 7  # 2 + 6 basic steps and 3 meta steps (iterations 0, 3, 6): every step kind, both BN modes
 
 
-def test_compiled_steps_with_two_chunks_match_op_by_op_and_torch(synth_root, tmp_path):
-    extra = ["MODEL.NUM_SPLITS", "2", "SOLVER.MAX_EPOCH", "10", "MODEL.CHUNK_FORWARDS", "False"]
+@pytest.mark.parametrize("shared_graph", [True, False], ids=["shared-graph", "graph-per-step"])
+def test_compiled_steps_with_two_chunks_match_op_by_op_and_torch(synth_root, tmp_path, shared_graph):
+    extra = ["MODEL.NUM_SPLITS", "2", "SOLVER.MAX_EPOCH", "10", "MODEL.CHUNK_FORWARDS", "False",
+             "MODEL.JIT_SHARED_GRAPH", str(shared_graph)]
     _, pt, eager, compiled = teacher_forced_runs(synth_root, tmp_path, ITERATIONS, extra, compiled=True)
     plan = [k for it in range(ITERATIONS) for k in ["basic"] * (2 if it == 0 else 1) + ["meta"] * (it % 3 == 0)]
     assert pt["kinds"] == plan
@@ -28,4 +33,4 @@ def test_compiled_steps_with_two_chunks_match_op_by_op_and_torch(synth_root, tmp
     # the compiled basic graph weighs out (one graph; op by op built one function per chunk signature)
     basic = [present for kind, present in eager["signatures"] if kind == "basic"]
     assert len(basic) > 1 and any(len(chunk) < 3 for present in basic for chunk in present), basic
-    assert_compiled_steps_match(plan, pt, eager, compiled, 2)
+    assert_compiled_steps_match(plan, pt, eager, compiled, 2, shared_graph)

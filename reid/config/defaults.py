@@ -24,10 +24,15 @@ _C.MODEL.NUM_SPLITS = 4
 # per-chunk BN statistics (the same function, rounded differently; compiled steps always do this). Cost of True:
 # none measured at full size; at demo width with 4 chunks a MindSpore step takes 2.4-3.5x longer (docs/performance.md).
 _C.MODEL.CHUNK_FORWARDS = True
-# MindSpore: compiled training steps (static graphs, compat/jit.py: one per step kind, built on first use: ~40 s
-# each at the demo's size, 1-3.5 minutes at full size on a 2-core CPU); False: op by op, the slower path that
+# MindSpore: compiled training steps (static graphs, compat/jit.py; built on first use: ~40 s each at the demo's
+# size, ~1 minute at full size on a 2-core CPU); False: op by op, the slower path that
 # needs more memory at full size (README "Known limitations"). On torch it does nothing.
 _C.MODEL.JIT = True
+# With MODEL.JIT: the basic and meta-train steps share one graph (both objectives computed, each weighted 1 or 0;
+# the running statistics put back after meta-train steps), the meta-test step has its own. One graph fewer to
+# build and to hold (each step graph keeps its convolutions' buffers: ~0.5 GB at full size; docs/performance.md);
+# False: a graph per step kind.
+_C.MODEL.JIT_SHARED_GRAPH = True
 # MindSpore: where the compiled evaluation graph (TEST.JIT) is kept, so that a later run (train.py or test.py) with
 # the same code, model config and batch shape loads it instead of building it again (~1 s instead of a minute or
 # more): "" = OUTPUT_DIR/compile_cache, "off" = none. (MindSpore 2.0 cannot cache MODEL.JIT's step graphs.)

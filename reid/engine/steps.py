@@ -8,7 +8,8 @@ computed by the caller in numpy (`chunk_domains`), so the differentiated functio
 
 Functions are built on first use and cached (`self.cache`): op by op one per (step kind, per-chunk domains),
 compiled one per step kind (the basic step's losses weigh every source domain by whether the chunk holds it;
-meta batches always hold the same number of domains per chunk: `_graph_key`).
+meta batches always hold the same number of domains per chunk: `_graph_key`), or with `shared_graph` one for
+the basic and meta-train steps together and one for the meta-test step.
 What a function captures is fixed then: the model, the loss settings (plain Python values from
 `loss_settings`, never the yacs config), the label offsets, the chunk count and, op by op, `present`. Two
 ways to run them:
@@ -19,7 +20,16 @@ ways to run them:
   the model runs once per chunk, as DataParallel's replicas (docs/method.md#dataparallel).
 - compiled (`compiled=True`, MODEL.JIT on MindSpore): `compat.jit.value_and_grad`, one static graph per
   cache entry (compile time logged once). Python state is baked into a graph when it is built, so the BN
-  mode is set around the call, outside the graph. The meta-test graph is the plain forward: because the
+  mode is set around the call, outside the graph. With `shared_graph` (MODEL.JIT_SHARED_GRAPH) the basic
+  and meta-train steps run one graph: it computes both objectives on the batch it is given, each weighted by
+  a tensor argument (1 for the step's own, 0 for the other: the total, its terms and its gradients are the
+  step's own exactly, x * 1 + y * 0 = x), and it is built in BN mode 'general', the running statistics it
+  writes in a meta-train step put back after the call ('hold': `compat.jit.snapshot` / `restore`; a gate
+  Parameter read inside the graph was tried: MindSpore 2.0 fails to build a graph whose batch norms, called
+  from module constructs, read a Parameter that is no module's, "Failed to find context"). A graph holds memory of its
+  own for its lifetime (each convolution's buffers: ~0.5 GB per step graph at full size, docs/performance.md),
+  so one graph fewer is that much less memory and one build fewer, for computing the other step's loss terms
+  on the features (a few dozen small kernels per step). The meta-test graph is the plain forward: because the
   fast-weight step is detached (first-order ACL), ∇_θ L(θ - fast) = ∇_θ' L(θ'), so θ' is written into the
   parameters before the call and θ restored after it (`compat.jit.swap_in` / `restore`), and the same
   kind of graph serves every meta step. (Equal to the op-by-op result: tests/test_training.py.)
@@ -38,6 +48,8 @@ from reid.modeling import bn_mode, fast_weights
 from reid.modeling.heads import train_dict
 
 BN_MODES = {"basic": "general", "mtrain": "hold", "mtest": "hold"}
+SHARED_KINDS = ("basic", "mtrain")  # compiled with shared_graph: one graph, "basic+mtrain", built in mode 'general'
+SHARED_GRAPH = "basic+mtrain"
 
 
 def chunk_domains(domains, num_splits):
@@ -81,10 +93,14 @@ def _concatenated(outputs):
 class StepFunctions:
     """Builds and caches the step functions of one model (see the module docstring)."""
 
-    def __init__(self, model, param_names, params, settings, offsets, num_splits, compiled, chunk_forwards=False):
+    def __init__(self, model, param_names, params, settings, offsets, num_splits, compiled, chunk_forwards=False,
+                 shared_graph=True):
         self.model, self.names, self.params = model, list(param_names), list(params)
         self.settings, self.offsets, self.num_splits = dict(settings), tuple(int(o) for o in offsets), int(num_splits)
         self.compiled = bool(compiled) and compat.IS_MINDSPORE
+        self.shared_graph = bool(shared_graph) and self.compiled
+        # what a graph built in BN mode 'general' writes: put back after the shared graph's meta-train calls
+        self.buffers = [b for _, b in model.named_buffers()] if self.shared_graph else []
         # op by op with num_splits > 1: one forward per chunk (the caller then sets model.num_splits 1, so that
         # the batch norms take each chunk's statistics); compiled steps always run one forward
         self.chunk_forwards = bool(chunk_forwards) and not self.compiled
@@ -97,6 +113,8 @@ class StepFunctions:
             raise ValueError("fast-weight steps go with the meta-test step only")
         fn = self.function(kind, present)
         args = (batch["images"], batch["targets"], batch["domains"]) + self._id_args(kind, present)
+        if self._graph_kind(kind) == SHARED_GRAPH:
+            return self._call_shared(fn, kind, args)
         with bn_mode(self.model, BN_MODES[kind]):  # op by op read on every call; compiled, baked when built
             if not self.compiled:
                 return fn(*(args + tuple(fast or ())))
@@ -108,14 +126,32 @@ class StepFunctions:
             finally:
                 compat.jit.restore(self.params, saved)
 
+    def _call_shared(self, fn, kind, args):
+        """The shared basic / meta-train graph as step `kind`: its objective weighted 1, the other's 0, running
+        statistics updated in basic steps only; returns the step's own terms."""
+        basic = kind == "basic"
+        weights = tuple(compat.as_tensor(np.float32(w)) for w in ((1.0, 0.0) if basic else (0.0, 1.0)))
+        saved = None if basic else compat.jit.snapshot(self.buffers)
+        try:
+            with bn_mode(self.model, BN_MODES["basic"]):
+                loss, (terms_basic, terms_mtrain), grads = fn(*(args + weights))
+        finally:
+            if saved is not None:  # meta-train: BN mode 'hold', i.e. the running statistics as they were
+                compat.jit.restore(self.buffers, saved)
+        return loss, terms_basic if basic else terms_mtrain, grads
+
     def function(self, kind, present):
         """The cached differentiated function of (kind, present): called with (images, targets, domains), then
         op by op in meta-test the fast-weight steps, compiled in meta steps the domain ids (`_id_args`)."""
         present = tuple(tuple(int(d) for d in c) for c in present)
-        key = (kind, self._graph_key(kind, present))
+        key = (self._graph_kind(kind), self._graph_key(kind, present))
         if key not in self.cache:
-            self.cache[key] = self._build(kind, key[1])
+            self.cache[key] = self._build(key[0], key[1])
         return self.cache[key]
+
+    def _graph_kind(self, kind):
+        """The cache entry's step kind: `kind`, or SHARED_GRAPH for the steps that share one (shared_graph)."""
+        return SHARED_GRAPH if self.shared_graph and kind in SHARED_KINDS else kind
 
     def _graph_key(self, kind, present):
         """Compiled, one graph per step kind. The basic step's losses take every source domain in every chunk,
@@ -129,17 +165,27 @@ class StepFunctions:
         the function (one name per structure, compat/autograd.py)."""
         if not self.compiled:
             return present
-        if kind == "basic":
+        if kind == "basic" or self._graph_kind(kind) == SHARED_GRAPH:
             return "all domains"
         return tuple(len(c) for c in present)
 
     def _id_args(self, kind, present):
-        if self.compiled and kind != "basic":
+        if self.compiled and self._graph_key(kind, present) != "all domains":
             return tuple(compat.as_tensor(np.int64(d)) for c in present for d in c)
         return ()
 
     def _build(self, kind, key):
         model, settings, offsets, num_splits = self.model, self.settings, self.offsets, self.num_splits
+        if self.compiled and kind == SHARED_GRAPH:
+            every_domain = (tuple(range(len(offsets))),) * num_splits
+
+            def shared_loss(images, targets, domains, weight_basic, weight_mtrain):
+                out = train_dict(model(images))
+                batch = {"targets": targets, "domains": domains, "present": every_domain}
+                total_basic, terms_basic = step_objective("basic", out, batch, settings, offsets, num_splits)
+                total_mtrain, terms_mtrain = step_objective("mtrain", out, batch, settings, offsets, num_splits)
+                return total_basic * weight_basic + total_mtrain * weight_mtrain, (terms_basic, terms_mtrain)
+            return compat.jit.value_and_grad(shared_loss, self.params, "basic_mtrain_loss")
         if self.compiled:
             # the domains of each chunk (`_graph_key`), chosen here so that the graph holds one form: the basic
             # step every domain (weighted by presence inside), a meta step its id arguments regrouped by `key`

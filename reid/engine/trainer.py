@@ -150,7 +150,7 @@ class Trainer(TrainLoop):
         self.offsets = list(data.offsets)
         # the differentiated step functions, built once from the config; compiled with MODEL.JIT on MindSpore
         self.steps = StepFunctions(self.model, self.param_names, self.params, loss_settings(cfg), self.offsets,
-                                   self.num_splits, compiled, chunk_forwards)
+                                   self.num_splits, compiled, chunk_forwards, cfg.MODEL.JIT_SHARED_GRAPH)
         self.start_iter = 0
         self.iter = 0
         self.step_log = []       # (iteration, kind, total loss) of every step: the loss trajectory
