@@ -1,6 +1,7 @@
 """What a compiled MindSpore graph keeps in resident memory, by layer kind: pure MindSpore networks of 6 layers of
 one kind, forward + backward (`value_and_grad` in one `mindspore.jit` function), compiled three times under
-three names (three graphs, as a training run builds one per step kind). Each graph is called twice; the
+three names (three graphs, as a training run built one per step kind before the basic and meta-train steps
+shared theirs). Each graph is called twice; the
 resident memory each graph adds is printed: the first includes the memory pool's growth to the network's
 working set, every later one only what that graph keeps for itself (the pool is shared between graphs).
 
