@@ -23,13 +23,14 @@ ways to run them:
   mode is set around the call, outside the graph. With `shared_graph` (MODEL.JIT_SHARED_GRAPH) the basic
   and meta-train steps run one graph: it computes both objectives on the batch it is given, each weighted by
   a tensor argument (1 for the step's own, 0 for the other: the total, its terms and its gradients are the
-  step's own exactly, x * 1 + y * 0 = x), and it is built in BN mode 'general', the running statistics it
-  writes in a meta-train step put back after the call ('hold': `compat.jit.snapshot` / `restore`; a gate
-  Parameter read inside the graph was tried: MindSpore 2.0 fails to build a graph whose batch norms, called
-  from module constructs, read a Parameter that is no module's, "Failed to find context"). A graph holds memory of its
-  own for its lifetime (each convolution's buffers: ~0.5 GB per step graph at full size, docs/performance.md),
-  so one graph fewer is that much less memory and one build fewer, for computing the other step's loss terms
-  on the features (a few dozen small kernels per step). The meta-test graph is the plain forward: because the
+  step's own, x * 1 + y * 0 = x, up to the order in which the graph adds up gradient contributions), and it
+  is built in BN mode 'general', the running statistics it writes in a meta-train step put back after the
+  call ('hold': `compat.jit.snapshot` / `restore`; a gate Parameter read inside the graph was tried:
+  MindSpore 2.0 fails to build a graph whose batch norms, called from module constructs, read a Parameter
+  that is no module's, "Failed to find context"). A graph holds memory of its own for its lifetime (each
+  convolution's buffers: ~0.5 GB per step graph at full size, docs/performance.md), so one graph fewer is
+  that much less memory and one build fewer, for computing the other step's loss terms on the features (a
+  few dozen small kernels per step). The meta-test graph is the plain forward: because the
   fast-weight step is detached (first-order ACL), ∇_θ L(θ - fast) = ∇_θ' L(θ'), so θ' is written into the
   parameters before the call and θ restored after it (`compat.jit.swap_in` / `restore`), and the same
   kind of graph serves every meta step. (Equal to the op-by-op result: tests/test_training.py.)
@@ -154,8 +155,9 @@ class StepFunctions:
         return SHARED_GRAPH if self.shared_graph and kind in SHARED_KINDS else kind
 
     def _graph_key(self, kind, present):
-        """Compiled, one graph per step kind. The basic step's losses take every source domain in every chunk,
-        each weighted by whether the chunk holds it (reid/losses: an absent domain weighs 0), so the domains
+        """Compiled, one graph per step kind (or per SHARED_GRAPH). The basic step's losses take every source
+        domain in every chunk, each weighted by whether the chunk holds it (reid/losses: an absent domain weighs
+        0), and so do the meta-train step's in the shared graph, so the domains
         a batch holds are read from its labels inside the graph (keyed by domains per chunk instead, the
         4-chunk recipes' basic steps met 15-21 keys in 500 iterations, each a graph of minutes and GBs at full
         size). A meta batch is built domain by domain, so its chunks always hold the same number of domains:
