@@ -116,7 +116,7 @@ def case_steps(root, out, weights, iterations, state_dir, extra=(), follow=False
             after.append({n: compat.to_numpy(p).copy() for n, p in zip(trainer.param_names, trainer.params)})
             stats.append({n: compat.to_numpy(b).copy() for n, b in trainer.model.named_buffers() if "running" in n})
             terms.append({k: v[0] for k, v in trainer.storage.latest().items()
-                          if k.startswith(("loss_", "meta/loss_"))})
+                          if k.startswith(("loss_", "meta/loss_", "meta/mtrain/", "meta/mtest/"))})
     return {"kinds": kinds, "losses": np.array(losses), "before": before, "after": after, "fast_steps": steps,
             "lrs": [trainer.schedule.lr_at(it) for it in range(iterations)], "stats": stats, "terms": terms,
             "stats_before": stats_before,
@@ -535,6 +535,9 @@ def test_train_then_test_cli_writes_outputs(cli_run):
     records = [json.loads(l) for l in (out / "metrics.json").read_text().splitlines()]
     assert [r["iteration"] for r in records if "lr" in r] == [0, 1, 2, 3]
     assert [r["iteration"] for r in records if "meta/loss_mtest" in r] == [0, 3]  # META.PERIOD 3
+    # both meta steps' cluster terms, each under its step's prefix (one name for both would keep the last)
+    assert all({"meta/mtrain/loss_intra", "meta/mtest/loss_intra", "meta/mtrain/loss_sct"} <= set(r)
+               for r in records if "meta/loss_mtest" in r)
     evaluations = {r["iteration"]: r for r in records if "SynthD/mAP" in r}
     assert sorted(evaluations) == [-1, 1, 3]
     data = json.loads((out / "results.json").read_text())

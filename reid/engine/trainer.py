@@ -79,7 +79,8 @@ class Trainer(TrainLoop):
     """Builds everything from a frozen config (which it leaves as it is: `self.cfg` is a copy that also
     carries the class counts of the training data) and runs the ACL iterations in a `TrainLoop`.
 
-    Steps put what they measured into `self.storage` (loss terms `loss_*`, `meta/*` for meta steps, `lr`,
+    Steps put what they measured into `self.storage` (loss terms `loss_*`; for meta steps `meta/loss_mtrain`,
+    `meta/loss_mtest`, `meta/test_domain` and the terms of each as `meta/mtrain/loss_*`, `meta/mtest/loss_*`; `lr`,
     `time`), tagged with the iteration; `step_log` keeps (iteration, kind, total loss) of every step."""
 
     def __init__(self, cfg, resume=False, data=None, quiet=False):
@@ -243,8 +244,9 @@ class Trainer(TrainLoop):
         grads = [a + b for a, b in zip(g_mtr, g_mte)]
         self.optimizer_meta.step(self._clip(self._drop_unused(grads, range(num_domains))))
         self.step_log.append((self.iter, "meta", _scalar(loss_mtr) + _scalar(loss_mte)))
-        self.storage.put_scalars({"meta/" + k: _scalar(v) for k, v in terms_mtr.items()})
-        self.storage.put_scalars({"meta/" + k: _scalar(v) for k, v in terms_mte.items()})
+        # each step's terms under its own prefix: both have cluster terms (loss_intra, loss_inter) of the same name
+        self.storage.put_scalars({"meta/mtrain/" + k: _scalar(v) for k, v in terms_mtr.items()})
+        self.storage.put_scalars({"meta/mtest/" + k: _scalar(v) for k, v in terms_mte.items()})
         self.storage.put_scalars({"meta/loss_mtrain": _scalar(loss_mtr), "meta/loss_mtest": _scalar(loss_mte),
                                   "meta/test_domain": test_domain})
 
