@@ -150,8 +150,11 @@ class Trainer(TrainLoop):
         self.meta_rng = np.random.RandomState(int(cfg.SEED) + 1)
         self.offsets = list(data.offsets)
         # the differentiated step functions, built once from the config; compiled with MODEL.JIT on MindSpore
+        # (the basic step shares its graph with the meta-train step only where there are meta steps: without
+        # them the meta objective would be computed in every basic step for nothing)
+        shared_graph = bool(cfg.MODEL.JIT_SHARED_GRAPH) and self.meta
         self.steps = StepFunctions(self.model, self.param_names, self.params, loss_settings(cfg), self.offsets,
-                                   self.num_splits, compiled, chunk_forwards, cfg.MODEL.JIT_SHARED_GRAPH)
+                                   self.num_splits, compiled, chunk_forwards, shared_graph)
         self.start_iter = 0
         self.iter = 0
         self.step_log = []       # (iteration, kind, total loss) of every step: the loss trajectory
