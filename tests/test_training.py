@@ -24,6 +24,9 @@ TINY = ["MODEL.BACKBONE.BASE_WIDTH", "8", "INPUT.SIZE_TRAIN", "[64,32]", "INPUT.
         # op by op, as the step-parity bounds were measured: the demo's compiled steps and evaluation build their
         # graphs (~2 minutes per trainer); tests/test_compiled*.py hold them against these op-by-op paths
         "MODEL.JIT", "False", "TEST.JIT", "False",
+        # where a test turns MODEL.JIT on: the library's default, the basic and meta-train steps in one graph (the
+        # demo config keeps a graph per step kind; tests/test_compiled_steps.py runs both)
+        "MODEL.JIT_SHARED_GRAPH", "True",
         # the solver the step tests were measured with (the original's lr, warmup + cosine), pinned here so that
         # tuning the demo recipe in configs/synthetic/acl.yml does not move the parity bounds
         "SOLVER.BASE_LR", "0.04", "SOLVER.HEADS_LR_FACTOR", "1.0", "SOLVER.SCHED", "CosineAnnealingLR",
