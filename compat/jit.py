@@ -245,7 +245,7 @@ def op_by_op_reason(flag):
 
 def swap_in(params, steps):
     """Write p - step into every parameter (no gradient) and return copies of the old values for `restore`."""
-    saved = [_copy(p) for p in params]
+    saved = snapshot(params)
     for p, step in zip(params, steps):
         _c.assign_(p, p - step)
     return saved
