@@ -28,10 +28,10 @@ _C.MODEL.CHUNK_FORWARDS = True
 # size, ~1 minute at full size on a 2-core CPU); False: op by op, the slower path that
 # needs more memory at full size (README "Known limitations"). On torch it does nothing.
 _C.MODEL.JIT = True
-# With MODEL.JIT: the basic and meta-train steps share one graph (both objectives computed, each weighted 1 or 0;
-# the running statistics put back after meta-train steps), the meta-test step has its own. One graph fewer to
-# build and to hold (each step graph keeps its convolutions' buffers: ~0.5 GB at full size; docs/performance.md);
-# False: a graph per step kind.
+# With MODEL.JIT and META.ENABLED: the basic and meta-train steps share one graph (both objectives computed, each
+# weighted 1 or 0; the running statistics put back after meta-train steps), the meta-test step has its own. One
+# graph fewer to build and to hold (each step graph keeps its convolutions' buffers: ~0.5 GB at full size;
+# docs/performance.md); False: a graph per step kind.
 _C.MODEL.JIT_SHARED_GRAPH = True
 # MindSpore: where the compiled evaluation graph (TEST.JIT) is kept, so that a later run (train.py or test.py) with
 # the same code, model config and batch shape loads it instead of building it again (~1 s instead of a minute or
