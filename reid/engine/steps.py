@@ -178,9 +178,9 @@ class StepFunctions:
 
     def _build(self, kind, key):
         model, settings, offsets, num_splits = self.model, self.settings, self.offsets, self.num_splits
+        # compiled basic (and shared) steps: every source domain in every chunk, weighted by presence inside
+        every_domain = (tuple(range(len(offsets))),) * num_splits
         if self.compiled and kind == SHARED_GRAPH:
-            every_domain = (tuple(range(len(offsets))),) * num_splits
-
             def shared_loss(images, targets, domains, weight_basic, weight_mtrain):
                 out = train_dict(model(images))
                 batch = {"targets": targets, "domains": domains, "present": every_domain}
@@ -192,7 +192,6 @@ class StepFunctions:
             # the domains of each chunk (`_graph_key`), chosen here so that the graph holds one form: the basic
             # step every domain (weighted by presence inside), a meta step its id arguments regrouped by `key`
             if kind == "basic":
-                every_domain = (tuple(range(len(offsets))),) * num_splits
                 name = "basic_loss"
 
                 def present_of(ids):
