@@ -55,6 +55,13 @@ def call(target, kwargs):
     return getattr(importlib.import_module(module_name), func_name)(**kwargs)
 
 
+def child_env(**extra):
+    """os.environ for a child process of this interpreter: the repo first on PYTHONPATH, the caller's entries kept
+    after it (a machine whose packages come through PYTHONPATH still finds them), plus `extra`."""
+    paths = [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(paths), **extra)
+
+
 def run_cases(backend, calls, timeout=900, fresh=False):
     """Run [(target, kwargs), ...] under `backend`; return their results in order. The active backend runs them
     in this process unless `fresh` asks for a new one (as the others always get)."""

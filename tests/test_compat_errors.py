@@ -6,11 +6,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.crossenv import child_env
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _run(args, backend=None, **env):
-    full_env = dict(os.environ, PYTHONPATH=str(ROOT), **env)
+    full_env = child_env(**env)
     if backend is not None:
         full_env["REID_BACKEND"] = backend
     return subprocess.run([sys.executable] + args, cwd=str(ROOT), env=full_env, capture_output=True, text=True,

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from tests.crossenv import run_cases
+from tests.crossenv import child_env, run_cases
 
 
 def case_norms(seed, shape, mode, num_splits, momentum=0.1):
@@ -158,7 +158,6 @@ def test_first_differentiated_call_records_the_same_ops_as_later_ones():
     import compat
     if not compat.IS_MINDSPORE:
         pytest.skip("MindSpore's grad executor")
-    import os
     import pickle
     import subprocess
     import sys
@@ -170,7 +169,7 @@ def test_first_differentiated_call_records_the_same_ops_as_later_ones():
         with open(src, "wb") as fh:
             pickle.dump([("tests.test_compat_norm:case_recorded_ops", {})], fh, protocol=4)
         proc = subprocess.run([sys.executable, str(root / "tests" / "_crossenv_child.py"), str(src), str(dst)],
-                              cwd=str(root), env=dict(os.environ, PYTHONPATH=str(root)), capture_output=True,
+                              cwd=str(root), env=child_env(), capture_output=True,
                               text=True, timeout=600)
         assert proc.returncode == 0, proc.stderr[-4000:]
         with open(dst, "rb") as fh:

@@ -164,19 +164,19 @@ def warm_cache_case(cache, weights):
 
 def _in_fresh_process(target, **kwargs):
     """`target(**kwargs)` in a new process of this interpreter (tests/_crossenv_child.py)."""
-    import os
     import pickle
     import subprocess
     import sys
     import tempfile
     from pathlib import Path
+    from tests.crossenv import child_env
     root = Path(__file__).resolve().parents[1]
     with tempfile.TemporaryDirectory(prefix="fresh-") as tmp:
         src, dst = Path(tmp) / "in.pkl", Path(tmp) / "out.pkl"
         with open(src, "wb") as fh:
             pickle.dump([(target, kwargs)], fh, protocol=4)
         proc = subprocess.run([sys.executable, str(root / "tests" / "_crossenv_child.py"), str(src), str(dst)],
-                              cwd=str(root), env=dict(os.environ, PYTHONPATH=str(root)), capture_output=True,
+                              cwd=str(root), env=child_env(), capture_output=True,
                               text=True, timeout=900)
         assert proc.returncode == 0, proc.stderr[-4000:]
         with open(dst, "rb") as fh:

@@ -262,12 +262,12 @@ def test_supervisor_passes_sigterm_on_and_does_not_restart(tmp_path):
     which ends, and nothing is restarted."""
     import subprocess
     import time
-    from tests.crossenv import ROOT
+    from tests.crossenv import ROOT, child_env
     child = "import os, sys, time; open(sys.argv[1], 'a').write('%d\\n' % os.getpid()); time.sleep(120)"
     started = tmp_path / "started"
     script = ("import sys; from reid.engine.supervisor import supervise; "
               "sys.exit(supervise([sys.executable, '-c', %r, %r], %r, 3))" % (child, str(started), str(tmp_path)))
-    proc = subprocess.Popen([sys.executable, "-c", script], cwd=str(ROOT), env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=str(ROOT), env=child_env())
     try:
         deadline = time.time() + 60
         while not (started.exists() and started.read_text().endswith("\n")):

@@ -16,7 +16,6 @@ on Ampere and later GPUs round their inputs to TF32's 10-bit mantissa (~1e-3 rel
 not hold under it. train.py keeps torch's defaults.
 """
 import json
-import os
 import subprocess
 import sys
 
@@ -25,7 +24,7 @@ import pytest
 
 import compat
 from tests import test_modeling as tm
-from tests.crossenv import ROOT, call
+from tests.crossenv import ROOT, call, child_env
 from tests.parity import assert_update_matches
 from tests.test_training import FAST_STEP_COSINE, STEP_TENSOR_TOLS, STEP_TOLS, _cli_train_args, case_steps
 
@@ -134,7 +133,7 @@ def test_training_steps_on_the_gpu_match_the_cpu(synth_root, tmp_path):
 def test_weights_trained_on_the_gpu_evaluate_the_same_on_the_cpu(synth_root, tmp_path):
     """train.py --device gpu (2 epochs of 2 iterations, evaluated at the end), then test.py on the CPU with its
     checkpoint: the same metrics as the training run's final evaluation (features agree to ~1e-5)."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT), REID_BACKEND="torch", NVIDIA_TF32_OVERRIDE="0")
+    env = child_env(REID_BACKEND="torch", NVIDIA_TF32_OVERRIDE="0")
     out = tmp_path / "run"
 
     def cli(args):

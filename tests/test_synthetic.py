@@ -20,6 +20,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from reid.data import synthetic as syn  # noqa: E402
+from tests.crossenv import child_env  # noqa: E402
 
 NAME = re.compile(r"^(-1|\d{4})_c([1-9])s([1-9])_(\d{6})_00\.jpg$")
 SPLITS = ("bounding_box_train", "query", "bounding_box_test")
@@ -220,7 +221,7 @@ def test_cli_writes_requested_domains(tmp_path):
     out = tmp_path / "cli"
     cmd = [sys.executable, "-m", "reid.data.synthetic", "--out", str(out), "--num-ids", "4", "--domains", "B,D",
            "--seed", "5", "--workers", "1"]
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = child_env()
     proc = subprocess.run(cmd, cwd=str(ROOT), env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert sorted(os.listdir(out)) == ["SynthB", "SynthD"]

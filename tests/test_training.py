@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.crossenv import ROOT, run_cases, skip_on_mindtorch
+from tests.crossenv import ROOT, child_env, run_cases, skip_on_mindtorch
 from tests.parity import assert_update_matches
 
 # Augmentation off so that both backends see identical pixels; 3 tiny synthetic domains -> the 4th.
@@ -473,8 +473,7 @@ def test_training_reduces_the_loss_on_a_fixed_batch(synth_root, tmp_path):
 
 
 def _run_cli(args, env_extra=None):
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    env.update(env_extra or {})
+    env = child_env(**(env_extra or {}))
     return subprocess.run([sys.executable] + args, cwd=str(ROOT), env=env, capture_output=True, text=True,
                           timeout=300)
 
