@@ -271,6 +271,48 @@ def _assert_step_matches(got):
     assert got["loss_err"] < 1e-6 and got["aux_err"] < 1e-6 and got["grad_err"] < 1e-5, got
 
 
+def test_built_graphs_run_on_the_low_priority_helper_thread():
+    """MODEL.JIT_HELPER_THREAD (default on): after its build a graph runs on compat's helper thread at nice 19
+    while the caller sleeps, with the same outputs as on the calling thread, bit for bit; the helper's errors
+    are raised in the caller. (The compiled step and evaluation tests run on the helper by default.)"""
+    import os
+    import threading
+    if not compat.jit.release_supported():
+        pytest.skip("the helper runs graphs that MindSpore 2.0 built (compat.jit._run_built); mindtorch's "
+                    "MindSpore 2.6 runs them through mindspore.jit's own call")
+    layer = compat.nn.Linear(3, 2)
+    compat.jit.prepare(layer)
+
+    def affine(t):
+        return {"y": layer(t) * 2.0 + 1.0, "s": layer(t).sum()}
+    fn = compat.jit.compiled(affine, "helper_thread_affine")
+    x = compat.as_tensor(np.random.RandomState(9).rand(4, 3).astype(np.float32))
+    built = fn(x)                                     # the build, on the calling thread
+    before = compat.jit.helper_thread()
+    on_helper = fn(x)
+    helper_id, calls = compat.jit.helper_thread()
+    assert calls == (before[1] if before else 0) + 1
+    assert helper_id != threading.get_native_id()
+    assert os.getpriority(os.PRIO_PROCESS, helper_id) == compat.jit.HELPER_NICE == 19
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == 0   # the caller keeps its priority
+    compat.jit.set_helper_thread(False)
+    try:
+        on_caller = fn(x)
+    finally:
+        compat.jit.set_helper_thread(True)
+    assert compat.jit.helper_thread()[1] == calls    # that call did not go through the helper
+    for key in ("y", "s"):
+        a, b, c = (compat.to_numpy(out[key]) for out in (built, on_helper, on_caller))
+        assert np.array_equal(a, b) and np.array_equal(b, c), key
+    assert np.allclose(compat.to_numpy(on_helper["y"]), compat.to_numpy(layer(x)) * 2 + 1, rtol=1e-6)
+
+    def fails(value):
+        raise ValueError("raised on the helper: %d" % value)
+    with pytest.raises(ValueError, match="raised on the helper: 3"):
+        compat.jit._helper().call(fails, 3)
+    assert compat.jit._helper().call(divmod, 7, 2) == (3, 1)   # and it keeps serving
+
+
 def test_an_error_inside_a_gradient_leaves_later_compiled_steps_intact():
     """An exception raised inside an op-by-op gradient (an input check's UserError) must not leave MindSpore
     recording: a compiled step afterwards returns its dict of terms and the right gradients. Before compat's

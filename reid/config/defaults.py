@@ -38,6 +38,10 @@ _C.MODEL.JIT_SHARED_GRAPH = True
 # more): "" = OUTPUT_DIR/compile_cache, "off" = none. (MindSpore 2.0 cannot cache MODEL.JIT's step graphs.)
 _C.MODEL.COMPILE_CACHE = ""
 _C.MODEL.NUM_THREADS = 0              # MindSpore CPU kernel threads; 0 = env REID_NUM_THREADS, else one per core
+# MindSpore: built graphs (MODEL.JIT, TEST.JIT) run on a helper thread at the lowest CPU priority while the calling
+# thread sleeps. MindSpore 2.0 spin-waits in the thread that runs a graph, which on few cores takes CPU from the
+# graph's kernel threads (demo size, 2 cores: ~10% per step; compat/jit.py). False: on the calling thread.
+_C.MODEL.JIT_HELPER_THREAD = True
 
 _C.MODEL.BACKBONE = CN()
 _C.MODEL.BACKBONE.NAME = "acl_resnet50_ibn_a"   # or "resnet50", "resnet50_ibn_a" (baseline)

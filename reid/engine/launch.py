@@ -78,10 +78,12 @@ def setup_cfg(args):
 def configure_runtime(cfg):
     """Process-wide framework settings from cfg, applied by every entry point before it builds a model:
     MindSpore's CPU kernel pool gets MODEL.NUM_THREADS threads (0: REID_NUM_THREADS, else one per core; the
-    framework's own default is 30 whatever the machine), and compiled graphs are kept in MODEL.COMPILE_CACHE
-    ("" = OUTPUT_DIR/compile_cache, "off": nowhere). Returns the thread count (None on torch)."""
+    framework's own default is 30 whatever the machine), compiled graphs are kept in MODEL.COMPILE_CACHE
+    ("" = OUTPUT_DIR/compile_cache, "off": nowhere) and run on the helper thread where MODEL.JIT_HELPER_THREAD
+    says so. Returns the thread count (None on torch)."""
     import compat
     compat.jit.set_cache_dir(compile_cache_dir(cfg))
+    compat.jit.set_helper_thread(cfg.MODEL.JIT_HELPER_THREAD)
     return compat.jit.set_threads(cfg.MODEL.NUM_THREADS)
 
 
