@@ -20,7 +20,7 @@ own.
 
     python bench/train_step.py [--sizes demo,full-b8,full] [--repeats 3] [--stacks msadapter,mindtorch]
         [--memory-level O1] [--variants mindspore-compiled,torch] [--basic-only] [--max-rss-gb 16]
-        [--batch-forwards] [--separate-graphs] [--gpu]
+        [--batch-forwards] [--separate-graphs] [--caller-thread] [--gpu]
 
 --gpu adds torch on a CUDA GPU (label torch-gpu; its ratio is against torch on this machine's CPU). On a machine
 without MindSpore, e.g. `REID_BACKEND=torch python bench/train_step.py --gpu --variants torch,torch-gpu`.
@@ -88,13 +88,15 @@ def _reset_peak_rss():
 
 
 def measure(overrides, root, repeats, jit=False, memory_level=None, steps=("basic", "meta"), chunk_forwards=True,
-            device="cpu", shared_graph=True):
+            device="cpu", shared_graph=True, helper_thread=True):
     """Seconds per step (median of `repeats`) after the warm-up, the warm-up's seconds, and the peak resident
     memory after the first basic step alone (compiled: one graph) as well as at the end (the runner adds it).
     `memory_level`: MindSpore's memory_optimize_level; `steps`: ("basic",) times basic steps only and warms
     up nothing else; `chunk_forwards`: MODEL.CHUNK_FORWARDS (matters with NUM_SPLITS > 1); `shared_graph`:
-    MODEL.JIT_SHARED_GRAPH (compiled: the basic and meta-train steps in one graph); `device`: MODEL.DEVICE
-    (gpu: each timed step ends with a CUDA synchronisation, and the peak GPU memory of the timed steps is added)."""
+    MODEL.JIT_SHARED_GRAPH (compiled: the basic and meta-train steps in one graph); `helper_thread`:
+    MODEL.JIT_HELPER_THREAD (compiled: built graphs run on compat.jit's low-priority helper thread); `device`:
+    MODEL.DEVICE (gpu: each timed step ends with a CUDA synchronisation, and the peak GPU memory of the timed steps
+    is added)."""
     import time
 
     import compat
@@ -109,7 +111,9 @@ def measure(overrides, root, repeats, jit=False, memory_level=None, steps=("basi
                    COMMON + overrides + ["DATASETS.ROOT", root, "OUTPUT_DIR", os.path.join(root, "out"),
                                          "MODEL.JIT", str(bool(jit)),
                                          "MODEL.CHUNK_FORWARDS", str(bool(chunk_forwards)), "MODEL.DEVICE", device,
-                                         "MODEL.JIT_SHARED_GRAPH", str(bool(shared_graph))])
+                                         "MODEL.JIT_SHARED_GRAPH", str(bool(shared_graph)),
+                                         "MODEL.JIT_HELPER_THREAD", str(bool(helper_thread))])
+    compat.jit.set_helper_thread(cfg.MODEL.JIT_HELPER_THREAD)   # what train.py's configure_runtime does
     trainer = Trainer(cfg, quiet=True)
     trainer.iter = 1
     start = time.perf_counter()
@@ -145,6 +149,8 @@ def _options(parser):
                         "for the sizes with NUM_SPLITS > 1 (demo-s4, full-b8-s2)")
     parser.add_argument("--separate-graphs", action="store_true", help="also time compiled steps with a graph per "
                         "step kind (MODEL.JIT_SHARED_GRAPH False), label *-compiled-separate")
+    parser.add_argument("--caller-thread", action="store_true", help="also time compiled steps whose graphs run on "
+                        "the calling thread (MODEL.JIT_HELPER_THREAD False), label *-compiled-caller")
     parser.add_argument("--gpu", action="store_true", help="also time torch on a CUDA GPU (MODEL.DEVICE gpu), "
                         "label torch-gpu, against torch on the CPU")
     parser.add_argument("--max-rss-gb", type=float, default=16.0, help="kill a run whose resident memory exceeds "
@@ -162,6 +168,8 @@ def main():
         extra = {"-compiled": compiled}
         if args.separate_graphs:
             extra["-compiled-separate"] = dict(compiled, shared_graph=False)
+        if args.caller_thread:
+            extra["-compiled-caller"] = dict(compiled, helper_thread=False)
         if args.batch_forwards:
             extra["-batchfwd"] = {"chunk_forwards": False}
         variants = stack_variants(args.stacks, extra)
