@@ -95,7 +95,7 @@ import numpy as np
 
 import compat as _c
 
-_state = {"graph": False, "threads": None, "cache_dir": None, "source": None, "helper_thread": True}
+_state = {"graph": False, "threads": None, "cache_dir": None, "source": None, "helper_thread": True, "helper": None}
 log = print  # replaced by callers that log elsewhere; the compile-time line is printed once per graph
 
 
@@ -536,7 +536,7 @@ class _HelperThread:
 
 
 def _helper():
-    if _state.get("helper") is None:
+    if _state["helper"] is None:
         _state["helper"] = _HelperThread()
     return _state["helper"]
 
@@ -548,7 +548,7 @@ def set_helper_thread(enabled):
 
 def helper_thread():
     """The helper thread's (native id, calls run so far), or None before its first call."""
-    helper = _state.get("helper")
+    helper = _state["helper"]
     return None if helper is None else (helper.native_id, helper.calls)
 
 

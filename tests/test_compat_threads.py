@@ -68,3 +68,18 @@ def test_bad_thread_counts_are_user_errors(monkeypatch, restore_threads):
     monkeypatch.setenv("REID_NUM_THREADS", "many")
     with pytest.raises(UserError, match="REID_NUM_THREADS"):
         configure_runtime(_cfg(0))
+
+
+def test_helper_thread_setting_reaches_compat(restore_threads):
+    """MODEL.JIT_HELPER_THREAD: where built graphs run (compat.jit's helper thread, or the calling thread)."""
+    from reid.engine.launch import configure_runtime
+    cfg = _cfg(0)
+    try:
+        cfg.MODEL.JIT_HELPER_THREAD = False
+        configure_runtime(cfg)
+        assert compat.jit._state["helper_thread"] is False
+        cfg.MODEL.JIT_HELPER_THREAD = True
+        configure_runtime(cfg)
+        assert compat.jit._state["helper_thread"] is True
+    finally:
+        compat.jit.set_helper_thread(True)
