@@ -57,6 +57,20 @@ def test_summary_gives_means_stds_and_paired_differences():
     assert sweep.unfinished(rows + [_row("b", 3, 30.0)]) == []   # retried and finished
     text = sweep.format_table(sweep.summarise(rows))
     assert "| b | 0,1,2 | 22.0 ± 10.5 |" in text and "+2.0 ± 1.0 (n=3)" in text and "| c | 1 | 25.0 |" in text
+    assert "| +5.0 (n=1) | -25.0 (n=1) |" in text                       # one shared seed: no spread shown
+    # the reference is the first variant in `order` that has runs
+    assert [r["variant"] for r in sweep.summarise(rows, order=["missing", "b"])] == ["b", "a", "c"]
+    assert sweep.summarise(rows, order=["missing", "b"])[1]["paired"]["mAP"] == pytest.approx((-2.0, 1.0))
+
+
+def test_a_broken_line_in_the_rows_is_named(tmp_path):
+    path = tmp_path / "sweep.jsonl"
+    path.write_text(json.dumps(_row("a", 0, 10.0)) + "\n\n" + '{"variant": "a", "se')
+    with pytest.raises(UserError, match="line 3 is not JSON"):
+        sweep.load_rows(str(path))
+    path.write_text(json.dumps(_row("a", 0, 10.0)) + "\n")
+    assert sweep.load_rows(str(path)) == [_row("a", 0, 10.0)]
+    assert sweep.load_rows(str(tmp_path / "none.jsonl")) == []
 
 
 SWEEP_OPTS = ["MODEL.BACKBONE.BASE_WIDTH", "8", "DATASETS.SYNTHETIC.NUM_IDS", "16", "SOLVER.IMS_PER_BATCH", "16",

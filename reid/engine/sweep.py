@@ -13,6 +13,7 @@ import json
 import math
 import os
 import shlex
+import statistics
 import subprocess
 import sys
 import time
@@ -64,8 +65,17 @@ def load_rows(path):
     """The rows of a sweep.jsonl written earlier ([] when there is none)."""
     if not os.path.exists(path):
         return []
+    rows = []
     with open(path) as fh:
-        return [json.loads(line) for line in fh if line.strip()]
+        for number, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                raise UserError("%s line %d is not JSON (a run stopped while writing it?): delete that line and "
+                                "run the sweep again" % (path, number)) from None
+    return rows
 
 
 def unfinished(rows):
@@ -77,16 +87,15 @@ def unfinished(rows):
 
 
 def _mean_std(values):
-    n = len(values)
-    mean = sum(values) / n
-    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else float("nan")
-    return mean, std
+    """(mean, std with n-1); the std is NaN for one value."""
+    return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else float("nan")
 
 
 def summarise(rows, target=None, order=None):
-    """Per variant, over its successful runs on `target` (default: the first target in the rows): n, seeds,
-    mean and std (n-1) of each RESULT_KEYS metric, and, against the first variant in `order` (or in the rows),
-    the mean and std of the per-seed differences on the seeds both have. Returns a list of dicts in order."""
+    """Per variant, over its successful runs on `target` (default: the alphabetically first target of the first
+    successful run): n, seeds, mean and std (n-1) of each RESULT_KEYS metric, and, against the first variant with
+    runs in `order` (then in the rows), the mean and std of the per-seed differences on the seeds both have.
+    Returns a list of dicts in that order."""
     ok = [r for r in rows if r.get("rc") == 0 and r.get("results")]
     if not ok:
         return []
@@ -99,12 +108,13 @@ def summarise(rows, target=None, order=None):
     for r in ok:
         if target in r["results"]:
             by_variant.setdefault(r["variant"], {})[r["seed"]] = r["results"][target]
-    reference = by_variant.get(names[0], {}) if names else {}
+    names = [name for name in names if name in by_variant]
+    if not names:
+        return []
+    reference = by_variant[names[0]]
     table = []
     for name in names:
-        runs = by_variant.get(name)
-        if not runs:
-            continue
+        runs = by_variant[name]
         seeds = sorted(runs)
         row = {"variant": name, "target": target, "n": len(seeds), "seeds": seeds}
         for key in RESULT_KEYS:
@@ -127,13 +137,13 @@ def format_table(table):
              "| variant | seeds | mAP | Rank-1 | mINP | mAP vs %s | Rank-1 vs %s |" % (first, first),
              "|---|---|---|---|---|---|---|"]
 
-    def fmt(ms):
-        return "%.1f" % ms[0] if math.isnan(ms[1]) else "%.1f ± %.1f" % ms
+    def fmt(ms, sign=""):
+        mean = ("%" + sign + ".1f") % ms[0]
+        return mean if math.isnan(ms[1]) else "%s ± %.1f" % (mean, ms[1])
 
     for row in table:
         paired = row.get("paired")
-        diff = [("%+.1f ± %.1f (n=%d)" % (paired[k][0], 0.0 if math.isnan(paired[k][1]) else paired[k][1],
-                                          row["paired_n"])) if paired else "" for k in ("mAP", "Rank-1")]
+        diff = ["%s (n=%d)" % (fmt(paired[k], "+"), row["paired_n"]) if paired else "" for k in ("mAP", "Rank-1")]
         lines.append("| %s | %s | %s | %s | %s | %s | %s |" % (
             row["variant"], ",".join(str(s) for s in row["seeds"]), fmt(row["mAP"]), fmt(row["Rank-1"]),
             fmt(row["mINP"]), diff[0], diff[1]))
@@ -191,7 +201,6 @@ def run_sweep(variants, seeds, out_dir, jobs=1, threads=None, common_opts=(), tr
     threads = threads or max(1, (os.cpu_count() or 1) // max(1, jobs))
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
                REID_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
-    env["PYTHONPATH"] = os.pathsep.join([REPO_ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     bar = None
     if progress:
         from tqdm import tqdm
