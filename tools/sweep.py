@@ -69,10 +69,8 @@ def main(argv=None):
         (["--device", args.device] if args.device else [])
     print("sweep: %d variants x %d seeds into %s, %d at a time" % (len(variants), len(seeds), args.out, args.jobs))
     table = sweep.run_sweep(variants, seeds, args.out, jobs=args.jobs, threads=args.threads or None,
-                            common_opts=args.opts, train_args=train_args, stop_after=args.stop_after)
-    if args.target:
-        table = sweep.summarise(sweep.load_rows(os.path.join(args.out, "sweep.jsonl")), target=args.target,
-                                order=names)
+                            common_opts=args.opts, train_args=train_args, stop_after=args.stop_after,
+                            target=args.target)
     text = sweep.format_table(table)
     print(text)
     with open(os.path.join(args.out, "summary.md"), "w") as fh:

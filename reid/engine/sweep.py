@@ -179,11 +179,11 @@ def prepare_data(configs):
 
 
 def run_sweep(variants, seeds, out_dir, jobs=1, threads=None, common_opts=(), train_args=(), stop_after=None,
-              python=None, progress=True, log=print):
+              target=None, python=None, progress=True, log=print):
     """Train every (variant, seed) not already in OUTPUT/sweep.jsonl with rc 0, `jobs` at a time, each child with
     `threads` CPU threads (OMP / MKL / REID_NUM_THREADS; default: cores // jobs). `variants`: parse_variant()
     tuples; `common_opts`: overrides for every run; `train_args`: train.py options such as --backend torch.
-    No run starts after `stop_after` seconds. Returns the summary table (see summarise)."""
+    No run starts after `stop_after` seconds. Returns the summary table on `target` (see summarise)."""
     out_dir = os.path.abspath(out_dir)
     os.makedirs(os.path.join(out_dir, "runs"), exist_ok=True)
     path = os.path.join(out_dir, "sweep.jsonl")
@@ -250,4 +250,4 @@ def run_sweep(variants, seeds, out_dir, jobs=1, threads=None, common_opts=(), tr
             time.sleep(0.5)
     if bar is not None:
         bar.close()
-    return summarise(load_rows(path), order=[v[0] for v in variants])
+    return summarise(load_rows(path), target=target, order=[v[0] for v in variants])
