@@ -143,8 +143,9 @@ def test_init_follows_the_original():
 
 @pytest.mark.parametrize("arch,backbone", [("ACL", "acl_resnet50_ibn_a"), ("Baseline", "resnet50_ibn_a")])
 def test_zero_init_residual_starts_every_stage_block_as_identity(arch, backbone):
-    """MODEL.BACKBONE.ZERO_INIT_RESIDUAL: exactly the stage bottlenecks' bn3 scales start at 0 (the CODE blocks
-    and every other norm keep the original's init), so a block without projection returns relu(x)."""
+    """MODEL.BACKBONE.ZERO_INIT_RESIDUAL: exactly the stage bottlenecks' bn3 scales start at 0 (the CODE blocks,
+    ZERO_INIT_CODE's, and every other norm keep the original's init), so a block without projection returns
+    relu(x)."""
     from reid.modeling.backbones.resnet import Bottleneck
     cfg = small_cfg(arch, backbone, width=8)
     cfg.MODEL.BACKBONE.ZERO_INIT_RESIDUAL = True
@@ -165,6 +166,46 @@ def test_zero_init_residual_starts_every_stage_block_as_identity(arch, backbone)
     x = t(np.random.RandomState(1).randn(2, block.conv1.weight.shape[1], 8, 4))
     block.train()
     np.testing.assert_allclose(n(block(x)), np.maximum(n(x), 0), atol=1e-6)
+
+def test_zero_init_code_starts_every_code_block_as_a_normalised_copy():
+    """MODEL.BACKBONE.ZERO_INIT_CODE: exactly the CODE blocks' static-branch IN scale and expert bn3 scales start
+    at 0 (every other parameter drawn as without it, the numpy stream unchanged); both branches then return their
+    (non-negative) input, so the block equals SE(gate(BN_inv(x), BN_spec(x))) for any router weights. The
+    Baseline ignores the key."""
+    cfg = small_cfg(width=8)
+    cfg.MODEL.BACKBONE.ZERO_INIT_CODE = True
+    np.random.seed(0)
+    b = M.build_model(cfg).backbone
+    np.random.seed(0)
+    default = M.build_model(small_cfg(width=8)).backbone
+    zeroed = {"code%d.%s.weight" % (i, part) for i in range(1, 5) for part in ("adaptor_base.bn3", "adaptor_sub.bn3")}
+    defaults = dict(default.named_parameters())
+    for name, p in b.named_parameters():
+        if name in zeroed:
+            assert np.all(n(p) == 0) and np.all(n(defaults[name]) == 1), name
+        else:
+            assert np.array_equal(n(p), n(defaults[name])), name
+    assert len(zeroed & set(defaults)) == 8
+    code = b.code2
+    code.train()
+    c = code.invariant_norm.num_features
+    x = t(np.maximum(np.random.RandomState(2).randn(3, c, 8, 4), 0))   # a post-ReLU map, as in the network
+    np.testing.assert_allclose(n(code.adaptor_base(x)), n(x), atol=1e-6)
+    experts = n(code.adaptor_sub(x))
+    assert experts.shape == (3, 4, c, 8, 4)
+    np.testing.assert_allclose(experts, np.broadcast_to(n(x)[:, None], experts.shape), atol=1e-6)
+    out, weights = code(x)
+    expected = code.meta_se(code.meta_fuse(code.invariant_norm(x), code.specific_norm(x)))
+    np.testing.assert_allclose(n(out), n(expected), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(n(weights).sum(1), 1, rtol=1e-5)
+    base_cfg = small_cfg("Baseline", "resnet50_ibn_a", width=8)
+    np.random.seed(0)
+    plain = dict(M.build_model(base_cfg).named_parameters())
+    base_cfg.MODEL.BACKBONE.ZERO_INIT_CODE = True
+    np.random.seed(0)
+    for name, p in M.build_model(base_cfg).named_parameters():
+        assert np.array_equal(n(p), n(plain[name])), name
+
 
 def test_output_contract(acl):
     acl.train()

@@ -31,7 +31,7 @@ TINY = ["MODEL.BACKBONE.BASE_WIDTH", "8", "INPUT.SIZE_TRAIN", "[64,32]", "INPUT.
         # tuning the demo recipe in configs/synthetic/acl.yml does not move the parity bounds
         "SOLVER.BASE_LR", "0.04", "SOLVER.HEADS_LR_FACTOR", "1.0", "SOLVER.SCHED", "CosineAnnealingLR",
         # and the original's init (the demo's zero-initialised residual scales change every gradient)
-        "MODEL.BACKBONE.ZERO_INIT_RESIDUAL", "False",
+        "MODEL.BACKBONE.ZERO_INIT_RESIDUAL", "False", "MODEL.BACKBONE.ZERO_INIT_CODE", "False",
         # one block per ACL main stage (+ its CODE block): every module type at ~2/3 of ResNet-50's ops, which
         # the trainer mechanics tested here do not depend on (the demo's depth too); the step comparisons of the
         # demo recipe and of two chunks hold ResNet-50's block counts, the original's (FULL_DEPTH)
@@ -303,7 +303,8 @@ def demo_recipe_overrides():
     s = cfg.SOLVER
     return ["SOLVER.BASE_LR", str(s.BASE_LR), "SOLVER.HEADS_LR_FACTOR", str(s.HEADS_LR_FACTOR),
             "SOLVER.SCHED", s.SCHED, "SOLVER.STEPS", str(list(s.STEPS)),
-            "MODEL.BACKBONE.ZERO_INIT_RESIDUAL", str(cfg.MODEL.BACKBONE.ZERO_INIT_RESIDUAL)]
+            "MODEL.BACKBONE.ZERO_INIT_RESIDUAL", str(cfg.MODEL.BACKBONE.ZERO_INIT_RESIDUAL),
+            "MODEL.BACKBONE.ZERO_INIT_CODE", str(cfg.MODEL.BACKBONE.ZERO_INIT_CODE)]
 
 
 @pytest.mark.parity

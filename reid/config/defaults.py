@@ -60,6 +60,10 @@ _C.MODEL.BACKBONE.ADAPTOR_STEP_RATIO = 0.5       # r: fast-weight step ratio for
 # (Goyal et al. 2017). Not the original's init (it loads ImageNet weights); from scratch (the synthetic demo)
 # it ends the ~100-iteration plateau at chance. Pretrained weights overwrite it.
 _C.MODEL.BACKBONE.ZERO_INIT_RESIDUAL = False
+# True: the CODE blocks' residual branches start at zero too (the static branch's last instance-norm scale and
+# every expert's bn3 scale), so each CODE block starts as a normalised copy of its input. Not the original's init;
+# from scratch it lifts ACL to the plain ResNet's pace (docs/demo.md). Backbones without CODE blocks ignore it.
+_C.MODEL.BACKBONE.ZERO_INIT_CODE = False
 
 _C.MODEL.HEADS = CN()
 _C.MODEL.HEADS.NAME = "MetaEmbeddingHead"

@@ -12,7 +12,7 @@ def build_acl_resnet50_ibn_a(cfg):
     b = cfg.MODEL.BACKBONE
     main = tuple(n - 1 for n in stage_blocks(b.DEPTH))   # each stage's last block is its CODE block
     return ACLResNet(b.BASE_WIDTH, b.LAST_STRIDE, b.WITH_IBN, b.NUM_EXPERTS, blocks=main,
-                     zero_init_residual=b.ZERO_INIT_RESIDUAL)
+                     zero_init_residual=b.ZERO_INIT_RESIDUAL, zero_init_code=b.ZERO_INIT_CODE)
 
 
 @BACKBONE_REGISTRY.register("resnet50")

@@ -128,10 +128,10 @@ class MetaInstanceNorm(MetaModule):
     input sizes used here, kept for faithfulness.
     """
 
-    def __init__(self, num_features, eps=1e-5):
+    def __init__(self, num_features, eps=1e-5, weight_init=1.0):
         super().__init__()
         self.num_features, self.eps = num_features, eps
-        self.weight = new_parameter(np.ones(num_features))
+        self.weight = new_parameter(np.full(num_features, float(weight_init)))
         self.bias = new_parameter(np.zeros(num_features))
 
     def forward(self, x):

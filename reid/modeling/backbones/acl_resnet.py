@@ -11,6 +11,12 @@ CODE block on x (N, C, H, W), K experts, p = C/4:
   fusion (DSF)    F_D = Σ_k w_k expert_k(x); x = σ(γ)·BN_inv(F_S) + (1-σ(γ))·BN_spec(F_D); then SE.
 The backbone returns the final map and the (N, 4K) router weights ("paths").
 
+`zero_init_code` (MODEL.BACKBONE.ZERO_INIT_CODE, not the original's init): the last norm scale of the static
+branch (instance norm) and of every expert (bn3) starts at 0, so both branches start as relu(x) = x (x comes
+out of a ReLU and the router weights sum to 1) and the block starts as SE(gate(BN_inv(x), BN_spec(x))): a
+normalised copy of its input instead of a sum of random branches. Trained from scratch, this is what lets
+ACL's network learn as fast as the plain ResNet (docs/demo.md).
+
 Left out as dead code of the original: the router's `fc_classifier` (its logits reach no loss) and the
 side outputs `map1..4` (BN + L2norm of each stage, discarded by the meta-architecture).
 """
@@ -66,7 +72,7 @@ class ExpertBottleneck(nn.Module):
     broadcast over the experts. So x is never repeated. forward(x) -> (N, K, C, H, W).
     """
 
-    def __init__(self, channels, num_experts, with_ibn=True):
+    def __init__(self, channels, num_experts, with_ibn=True, zero_init=False):
         super().__init__()
         planes = channels // 4
         if planes % num_experts:
@@ -78,7 +84,7 @@ class ExpertBottleneck(nn.Module):
         self.conv2 = MetaConv2d(planes, planes, 3, padding=1, groups=num_experts)
         self.bn2 = MetaBatchNorm(planes)
         self.conv3 = MetaConv2d(planes, channels * num_experts, 1, groups=num_experts)
-        self.bn3 = MetaBatchNorm(channels * num_experts)
+        self.bn3 = MetaBatchNorm(channels * num_experts, weight_init=0.0 if zero_init else 1.0)
 
     def forward(self, x):
         n, c, h, w = x.shape
@@ -92,11 +98,11 @@ class CODEBlock(nn.Module):
     """Static branch + K dynamic experts mixed by the router, fused by two BNs, a sigmoid gate and SE.
     forward(x) -> (x, router weights (N, K))."""
 
-    def __init__(self, channels, num_experts=4, with_ibn=True):
+    def __init__(self, channels, num_experts=4, with_ibn=True, zero_init=False):
         super().__init__()
         self.num_experts = num_experts
-        self.adaptor_base = Bottleneck(channels, channels // 4, norm="IN")
-        self.adaptor_sub = ExpertBottleneck(channels, num_experts, with_ibn)
+        self.adaptor_base = Bottleneck(channels, channels // 4, norm="IN", zero_init_residual=zero_init)
+        self.adaptor_sub = ExpertBottleneck(channels, num_experts, with_ibn, zero_init)
         self.router = HyperRouter(channels, num_experts)
         self.invariant_norm = MetaBatchNorm(channels)
         self.specific_norm = MetaBatchNorm(channels)
@@ -118,7 +124,7 @@ class ACLResNet(nn.Module):
     forward(x) -> (feature map (N, 32*base_width, H/16, W/16), paths (N, 4*num_experts))."""
 
     def __init__(self, base_width=64, last_stride=1, with_ibn=True, num_experts=4, blocks=ACL_MAIN_BLOCKS,
-                 zero_init_residual=False):
+                 zero_init_residual=False, zero_init_code=False):
         super().__init__()
         if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts < 1:
             raise UserError("MODEL.BACKBONE.NUM_EXPERTS must be a positive integer, got %r" % (num_experts,))
@@ -127,7 +133,7 @@ class ACLResNet(nn.Module):
         self.base_width, self.with_ibn, self.num_experts, self.blocks = base_width, with_ibn, num_experts, tuple(blocks)
 
         def add_code_block(i, channels):
-            setattr(self, "code%d" % (i + 1), CODEBlock(channels, num_experts, with_ibn))
+            setattr(self, "code%d" % (i + 1), CODEBlock(channels, num_experts, with_ibn, zero_init_code))
         self.feat_dim = add_stem_and_stages(self, base_width, last_stride, with_ibn, self.blocks, add_code_block,
                                             zero_init_residual)
 

@@ -37,8 +37,8 @@ class Bottleneck(nn.Module):
     """1x1 -> 3x3 (stride here) -> 1x1 bottleneck with residual.
 
     `norm`: 'BN' everywhere, 'IBN' (IBN-a: bn1 is IBN, bn2/bn3 BN) or 'IN' (all instance norm: the ACL
-    static branch). `zero_init_residual`: bn3's scale starts at 0 (BN only), so the block starts as the
-    identity (MODEL.BACKBONE.ZERO_INIT_RESIDUAL).
+    static branch). `zero_init_residual`: bn3's scale starts at 0, so the block starts as relu(identity)
+    (MODEL.BACKBONE.ZERO_INIT_RESIDUAL for the stage blocks, ZERO_INIT_CODE for the CODE static branch).
     """
     expansion = 4
 
@@ -50,8 +50,9 @@ class Bottleneck(nn.Module):
         self.conv2 = MetaConv2d(planes, planes, 3, stride=stride, padding=1)
         self.bn2 = make_norm(inner, planes)
         self.conv3 = MetaConv2d(planes, planes * self.expansion, 1)
-        if zero_init_residual and inner == "BN":
-            self.bn3 = MetaBatchNorm(planes * self.expansion, weight_init=0.0)
+        if zero_init_residual:
+            norm3 = MetaInstanceNorm if inner == "IN" else MetaBatchNorm
+            self.bn3 = norm3(planes * self.expansion, weight_init=0.0)
         else:
             self.bn3 = make_norm(inner, planes * self.expansion)
         self.downsample = downsample
