@@ -141,26 +141,36 @@ def test_init_follows_the_original():
 # --------------------------------------------------------------------------- contract
 
 
+def seeded_backbone(cfg, **backbone_keys):
+    """The backbone built from numpy seed 0, with MODEL.BACKBONE keys changed on a clone of cfg."""
+    cfg = cfg.clone()
+    for key, value in backbone_keys.items():
+        setattr(cfg.MODEL.BACKBONE, key, value)
+    np.random.seed(0)
+    return M.build_model(cfg).backbone
+
+
+def assert_only_scales_zeroed(backbone, default, zeroed):
+    """The parameters named in `zeroed` are 0 where the default init has 1; every other parameter is drawn
+    exactly as without the option."""
+    defaults = dict(default.named_parameters())
+    for name, p in backbone.named_parameters():
+        if name in zeroed:
+            assert np.all(n(p) == 0) and np.all(n(defaults[name]) == 1), name
+        else:
+            assert np.array_equal(n(p), n(defaults[name])), name
+
+
 @pytest.mark.parametrize("arch,backbone", [("ACL", "acl_resnet50_ibn_a"), ("Baseline", "resnet50_ibn_a")])
 def test_zero_init_residual_starts_every_stage_block_as_identity(arch, backbone):
     """MODEL.BACKBONE.ZERO_INIT_RESIDUAL: exactly the stage bottlenecks' bn3 scales start at 0 (the CODE blocks,
     ZERO_INIT_CODE's, and every other norm keep the original's init), so a block without projection returns
     relu(x)."""
     from reid.modeling.backbones.resnet import Bottleneck
-    cfg = small_cfg(arch, backbone, width=8)
-    cfg.MODEL.BACKBONE.ZERO_INIT_RESIDUAL = True
-    np.random.seed(0)
-    b = M.build_model(cfg).backbone
-    np.random.seed(0)
-    default = M.build_model(small_cfg(arch, backbone, width=8)).backbone
+    b = seeded_backbone(small_cfg(arch, backbone, width=8), ZERO_INIT_RESIDUAL=True)
     stage_bn3 = {"layer%d.%d.bn3.weight" % (s, i) for s in range(1, 5) for i in range(len(getattr(b, "layer%d" % s)))}
     assert len(stage_bn3) == (12 if arch == "ACL" else 16)
-    defaults = dict(default.named_parameters())
-    for name, p in b.named_parameters():
-        if name in stage_bn3:
-            assert np.all(n(p) == 0) and np.all(n(defaults[name]) == 1), name
-        else:   # everything else (CODE blocks included) is drawn exactly as without the option
-            assert np.array_equal(n(p), n(defaults[name])), name
+    assert_only_scales_zeroed(b, seeded_backbone(small_cfg(arch, backbone, width=8)), stage_bn3)
     block = b.layer2[1]
     assert isinstance(block, Bottleneck) and block.downsample is None
     x = t(np.random.RandomState(1).randn(2, block.conv1.weight.shape[1], 8, 4))
@@ -172,20 +182,10 @@ def test_zero_init_code_starts_every_code_block_as_a_normalised_copy():
     at 0 (every other parameter drawn as without it, the numpy stream unchanged); both branches then return their
     (non-negative) input, so the block equals SE(gate(BN_inv(x), BN_spec(x))) for any router weights. The
     Baseline ignores the key."""
-    cfg = small_cfg(width=8)
-    cfg.MODEL.BACKBONE.ZERO_INIT_CODE = True
-    np.random.seed(0)
-    b = M.build_model(cfg).backbone
-    np.random.seed(0)
-    default = M.build_model(small_cfg(width=8)).backbone
+    b = seeded_backbone(small_cfg(width=8), ZERO_INIT_CODE=True)
     zeroed = {"code%d.%s.weight" % (i, part) for i in range(1, 5) for part in ("adaptor_base.bn3", "adaptor_sub.bn3")}
-    defaults = dict(default.named_parameters())
-    for name, p in b.named_parameters():
-        if name in zeroed:
-            assert np.all(n(p) == 0) and np.all(n(defaults[name]) == 1), name
-        else:
-            assert np.array_equal(n(p), n(defaults[name])), name
-    assert len(zeroed & set(defaults)) == 8
+    assert len(zeroed & dict(b.named_parameters()).keys()) == 8
+    assert_only_scales_zeroed(b, seeded_backbone(small_cfg(width=8)), zeroed)
     code = b.code2
     code.train()
     c = code.invariant_norm.num_features
@@ -199,12 +199,7 @@ def test_zero_init_code_starts_every_code_block_as_a_normalised_copy():
     np.testing.assert_allclose(n(out), n(expected), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(n(weights).sum(1), 1, rtol=1e-5)
     base_cfg = small_cfg("Baseline", "resnet50_ibn_a", width=8)
-    np.random.seed(0)
-    plain = dict(M.build_model(base_cfg).named_parameters())
-    base_cfg.MODEL.BACKBONE.ZERO_INIT_CODE = True
-    np.random.seed(0)
-    for name, p in M.build_model(base_cfg).named_parameters():
-        assert np.array_equal(n(p), n(plain[name])), name
+    assert_only_scales_zeroed(seeded_backbone(base_cfg, ZERO_INIT_CODE=True), seeded_backbone(base_cfg), set())
 
 
 def test_output_contract(acl):
