@@ -296,15 +296,17 @@ def case_read(path):
 
 
 def demo_recipe_overrides():
-    """The demo's own solver and init, read from configs/synthetic/acl.yml (TINY pins the original's), so that
-    the step comparison below follows the recipe when it is retuned."""
+    """The demo's own solver (weight decay included) and init, read from configs/synthetic/acl.yml (TINY pins
+    the original's), so that the step comparison below follows the recipe when it is retuned."""
     from reid.config import load_cfg
     cfg = load_cfg(str(ROOT / "configs" / "synthetic" / "acl.yml"), [])
     s = cfg.SOLVER
     return ["SOLVER.BASE_LR", str(s.BASE_LR), "SOLVER.HEADS_LR_FACTOR", str(s.HEADS_LR_FACTOR),
             "SOLVER.SCHED", s.SCHED, "SOLVER.STEPS", str(list(s.STEPS)),
             "MODEL.BACKBONE.ZERO_INIT_RESIDUAL", str(cfg.MODEL.BACKBONE.ZERO_INIT_RESIDUAL),
-            "MODEL.BACKBONE.ZERO_INIT_CODE", str(cfg.MODEL.BACKBONE.ZERO_INIT_CODE)]
+            "MODEL.BACKBONE.ZERO_INIT_CODE", str(cfg.MODEL.BACKBONE.ZERO_INIT_CODE),
+            "SOLVER.WEIGHT_DECAY", str(s.WEIGHT_DECAY), "SOLVER.WEIGHT_DECAY_NORM", str(s.WEIGHT_DECAY_NORM),
+            "SOLVER.WEIGHT_DECAY_BIAS", str(s.WEIGHT_DECAY_BIAS)]
 
 
 @pytest.mark.parity
