@@ -55,7 +55,7 @@ SIZES["demo-s4"] = SIZES["demo"][:-1] + ["4"]
 SIZES["full-b8-s2"] = SIZES["full-b8"][:-1] + ["2"]
 COMMON = ["DATASETS.NAMES", "['SynthA','SynthB','SynthC']", "DATASETS.TESTS", "[]", "DATASETS.SYNTHETIC.NUM_IDS",
           "80", "DATALOADER.NUM_WORKERS", "0", "INPUT.AUTOAUG.ENABLED", "False", "INPUT.FLIP.ENABLED", "False",
-          "INPUT.PADDING.ENABLED", "False", "INPUT.CJ.ENABLED", "False"]
+          "INPUT.PADDING.ENABLED", "False", "INPUT.CJ.ENABLED", "False", "INPUT.CAST.ENABLED", "False"]
 
 
 def warm_up(trainer, max_meta_steps=30):

@@ -30,6 +30,7 @@ TINY = ["MODEL.BACKBONE.BASE_WIDTH", "8", "INPUT.SIZE_TRAIN", "[64,32]", "INPUT.
         # the solver the step tests were measured with (the original's lr, warmup + cosine), pinned here so that
         # tuning the demo recipe in configs/synthetic/acl.yml does not move the parity bounds
         "SOLVER.BASE_LR", "0.04", "SOLVER.HEADS_LR_FACTOR", "1.0", "SOLVER.SCHED", "CosineAnnealingLR",
+        "SOLVER.WEIGHT_DECAY", "5e-4", "SOLVER.WEIGHT_DECAY_NORM", "5e-4", "SOLVER.WEIGHT_DECAY_BIAS", "5e-4",
         # and the original's init (the demo's zero-initialised residual scales change every gradient)
         "MODEL.BACKBONE.ZERO_INIT_RESIDUAL", "False", "MODEL.BACKBONE.ZERO_INIT_CODE", "False",
         # one block per ACL main stage (+ its CODE block): every module type at ~2/3 of ResNet-50's ops, which
@@ -38,7 +39,7 @@ TINY = ["MODEL.BACKBONE.BASE_WIDTH", "8", "INPUT.SIZE_TRAIN", "[64,32]", "INPUT.
         "MODEL.BACKBONE.DEPTH", "26x"]
 FULL_DEPTH = ["MODEL.BACKBONE.DEPTH", "50x"]
 NO_AUG = ["INPUT.AUTOAUG.ENABLED", "False", "INPUT.FLIP.ENABLED", "False", "INPUT.PADDING.ENABLED", "False",
-          "INPUT.CJ.ENABLED", "False", "INPUT.REA.ENABLED", "False"]
+          "INPUT.CJ.ENABLED", "False", "INPUT.CAST.ENABLED", "False", "INPUT.REA.ENABLED", "False"]
 
 
 def _cfg(root, out, extra=()):
