@@ -26,11 +26,12 @@ own.
 without MindSpore, e.g. `REID_BACKEND=torch python bench/train_step.py --gpu --variants torch,torch-gpu`.
 
 Each compiled graph's build line is printed (compat.jit: seconds, resident memory it added and what was
-left after releasing the build's leftovers). Besides each variant's peak resident memory, the peak after
-its first basic step is printed (compiled: after building one graph, the basic step's), the resident memory
-after the warm-up, and the peak of the timed steps alone (the high-water mark is reset after the warm-up: no
-graph is built then). A watchdog kills a run whose resident memory exceeds `--max-rss-gb` (default 16 GB:
-the machines this was written on have 24 GiB, shared), reported as "exceeds N GB".
+left after releasing the build's leftovers, and the process's new peak where the build or first call set
+one). Besides each variant's peak resident memory, the peak after its first basic step is printed
+(compiled: after building one graph, the basic step's), the resident memory after the warm-up, and the peak
+of the timed steps alone (the high-water mark is reset after the warm-up: no graph is built then). A
+watchdog kills a run whose resident memory exceeds `--max-rss-gb` (default 16 GB: the machines this was
+written on have 24 GiB, shared), reported as "exceeds N GB".
 """
 import os
 import sys

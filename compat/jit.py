@@ -443,11 +443,11 @@ def release_supported():
     return _is_mindspore_2_0()
 
 
-def resident_mb():
-    """This process's resident memory in MB (Linux; None elsewhere)."""
+def resident_mb(field="VmRSS"):
+    """This process's resident memory in MB (Linux; None elsewhere); field "VmHWM": its high-water mark."""
     try:
         with open("/proc/self/status") as fh:
-            return next(int(line.split()[1]) / 1024.0 for line in fh if line.startswith("VmRSS:"))
+            return next(int(line.split()[1]) / 1024.0 for line in fh if line.startswith(field + ":"))
     except (OSError, StopIteration):
         return None
 
@@ -623,10 +623,10 @@ def _check_fallback():
 
 class _Timed:
     """Calls a mindspore.jit function; the first call builds the graph (or loads it from the compile cache)
-    and logs how long that took and the resident memory it left. On MindSpore 2.0 the build's leftovers are
-    released after that first call (`_release_build_memory`; not before it: MindSpore compiles the graph's
-    kernels on its first run, which needs them) and every later call runs the built graph directly
-    (`_run_built`)."""
+    and logs how long that took, the resident memory it left and the process's new peak if it set one. On
+    MindSpore 2.0 the build's leftovers are released after that first call (`_release_build_memory`; not
+    before it: MindSpore compiles the graph's kernels on its first run, which needs them) and every later
+    call runs the built graph directly (`_run_built`)."""
 
     def __init__(self, jitted, name, owner=None, key=None):
         self.jitted, self.name, self.owner, self.key = jitted, name, owner, key
@@ -642,7 +642,7 @@ class _Timed:
         from mindspore.common.api import ms_compile_cache
         _check_fallback()
         start, cpu_start = time.perf_counter(), time.process_time()
-        rss_before = resident_mb()
+        rss_before, hwm_before = resident_mb(), resident_mb("VmHWM")
         release = release_supported()
         phases_before = set(ms_compile_cache)
         folder = _cache_on(self.name, self.owner, self.key, args)
@@ -666,7 +666,7 @@ class _Timed:
             if folder is not None:
                 _cache_off()
         built = set(ms_compile_cache) - phases_before
-        rss_built = resident_mb()
+        rss_built, hwm_built = resident_mb(), resident_mb("VmHWM")
         rss_released = None
         if release and len(built) == 1:  # (none: MS_JIT=0 ran the Python; then nothing was built to release)
             self.phase = built.pop()
@@ -683,6 +683,9 @@ class _Timed:
                 mem = "; resident memory %+.0f MB" % (rss_built - rss_before)
                 if rss_released is not None:
                     mem += ", %+.0f MB after releasing the build's leftovers" % (rss_released - rss_before)
+                if hwm_built is not None and hwm_before is not None and hwm_built > hwm_before:
+                    # the process's peak was set during this build (its type inference or first run)
+                    mem += "; new peak %.0f MB during it" % hwm_built
             log("graph %s %s in %.1f s (first call included; %.1f s of CPU)%s%s" % (
                 self.name, how, self.compile_seconds, self.compile_cpu_seconds, mem, note))
         return out
