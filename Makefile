@@ -88,6 +88,7 @@ bench: setup
 	REID_BACKEND=mindspore $(MS_PY) bench/kernels.py
 	REID_BACKEND=mindspore $(MS_PY) bench/reductions.py
 	REID_BACKEND=mindspore $(MS_PY) bench/graph_memory.py
+	REID_BACKEND=mindspore $(MS_PY) bench/block_memory.py --stages 1,2,3,4
 	REID_BACKEND=mindspore $(MS_PY) bench/demo_eval.py
 	REID_BACKEND=mindspore $(MS_PY) bench/eval.py
 	REID_BACKEND=mindspore $(MS_PY) bench/optim_step.py
