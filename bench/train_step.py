@@ -41,6 +41,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from bench.timing import layer_name, median_seconds, run_isolated, size_args, stack_variants  # noqa: E402
+from reid.config import augmentation_off_opts  # noqa: E402
 
 SIZES = {  # depths explicit: acl.yml (loaded below) is at the demo's 26x
     "demo": ["MODEL.BACKBONE.BASE_WIDTH", "8", "MODEL.BACKBONE.DEPTH", "26x", "INPUT.SIZE_TRAIN", "[64,32]",
@@ -55,8 +56,7 @@ SIZES = {  # depths explicit: acl.yml (loaded below) is at the demo's 26x
 SIZES["demo-s4"] = SIZES["demo"][:-1] + ["4"]
 SIZES["full-b8-s2"] = SIZES["full-b8"][:-1] + ["2"]
 COMMON = ["DATASETS.NAMES", "['SynthA','SynthB','SynthC']", "DATASETS.TESTS", "[]", "DATASETS.SYNTHETIC.NUM_IDS",
-          "80", "DATALOADER.NUM_WORKERS", "0", "INPUT.AUTOAUG.ENABLED", "False", "INPUT.FLIP.ENABLED", "False",
-          "INPUT.PADDING.ENABLED", "False", "INPUT.CJ.ENABLED", "False", "INPUT.CAST.ENABLED", "False"]
+          "80", "DATALOADER.NUM_WORKERS", "0"] + augmentation_off_opts()
 
 
 def warm_up(trainer, max_meta_steps=30):

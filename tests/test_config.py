@@ -127,3 +127,18 @@ def test_the_supported_values_load():
     cfg = load_cfg(None, ["MODEL.HEADS.NECK_FEAT", "before", "SOLVER.OPT", "SGD", "DATASETS.CUHK03_SPLIT", "0",
                           "DATALOADER.SAMPLER_TRAIN", "NaiveIdentitySampler"])
     assert cfg.MODEL.HEADS.NECK_FEAT == "before" and cfg.SOLVER.OPT == "SGD"
+
+
+@pytest.mark.parametrize("path", [p for p in CONFIGS if "synthetic" in p])
+def test_augmentation_off_turns_every_augmentation_off(path):
+    """The overrides the step comparisons and benchmarks use: every INPUT section with an ENABLED switch (the
+    white balance and random erasing included), each False once loaded over a config that turns them on."""
+    from reid.config import augmentation_off_opts
+    opts = augmentation_off_opts()
+    switches = sorted(k for k, v in get_cfg().INPUT.items() if hasattr(v, "ENABLED"))
+    assert switches == ["AUTOAUG", "CAST", "CJ", "FLIP", "PADDING", "REA"]
+    assert opts[0::2] == ["INPUT.%s.ENABLED" % k for k in switches] and set(opts[1::2]) == {"False"}
+    loaded = load_cfg(str(ROOT / path))
+    assert any(loaded.INPUT[k].ENABLED for k in switches)  # the config does augment
+    off = load_cfg(str(ROOT / path), opts)
+    assert [off.INPUT[k].ENABLED for k in switches] == [False] * len(switches)

@@ -10,6 +10,7 @@ import time
 import numpy as np
 import pytest
 
+from reid.config import augmentation_off_opts
 from tests.crossenv import ROOT, child_env, run_cases, skip_on_mindtorch
 from tests.parity import assert_update_matches
 
@@ -38,8 +39,7 @@ TINY = ["MODEL.BACKBONE.BASE_WIDTH", "8", "INPUT.SIZE_TRAIN", "[64,32]", "INPUT.
         # demo recipe and of two chunks hold ResNet-50's block counts, the original's (FULL_DEPTH)
         "MODEL.BACKBONE.DEPTH", "26x"]
 FULL_DEPTH = ["MODEL.BACKBONE.DEPTH", "50x"]
-NO_AUG = ["INPUT.AUTOAUG.ENABLED", "False", "INPUT.FLIP.ENABLED", "False", "INPUT.PADDING.ENABLED", "False",
-          "INPUT.CJ.ENABLED", "False", "INPUT.CAST.ENABLED", "False", "INPUT.REA.ENABLED", "False"]
+NO_AUG = augmentation_off_opts()
 
 
 def _cfg(root, out, extra=()):

@@ -1,1 +1,2 @@
-from reid.config.config import get_cfg, load_cfg, check_supported_values, ConfigError  # noqa: F401
+from reid.config.config import (get_cfg, load_cfg, check_supported_values, augmentation_off_opts,  # noqa: F401
+                                ConfigError)

@@ -32,6 +32,18 @@ def check_supported_values(cfg):
                 key, node, why, " or ".join("%s %s" % (key, v) for v in supported)))
 
 
+def augmentation_off_opts():
+    """KEY VALUE overrides that turn every train-time augmentation off: each INPUT section with an ENABLED
+    switch, read from the defaults, so a new augmentation is covered without a list to update (tests and
+    benchmarks that compare or time steps on fixed images use it)."""
+    inputs = get_cfg().INPUT
+    opts = []
+    for name in sorted(inputs):
+        if isinstance(inputs[name], CfgNode) and "ENABLED" in inputs[name]:
+            opts += ["INPUT.%s.ENABLED" % name, "False"]
+    return opts
+
+
 def get_cfg():
     """A mutable copy of the defaults (the full-size ACL setup)."""
     from reid.config.defaults import _C
