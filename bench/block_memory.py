@@ -26,21 +26,11 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from bench.timing import run_isolated  # noqa: E402
+from bench.timing import reset_peak_rss, run_isolated  # noqa: E402
 
 BLOCKS = ("bottleneck", "in-bottleneck", "experts", "experts+mix", "code")
 STAGES = {1: (256, 64, 32), 2: (512, 32, 16), 3: (1024, 16, 8), 4: (2048, 16, 8)}
 BATCH, NUM_EXPERTS = 16, 4
-
-
-def _status_mb(field):
-    with open("/proc/self/status") as fh:
-        return next(int(line.split()[1]) / 1024.0 for line in fh if line.startswith(field + ":"))
-
-
-def _reset_peak():
-    with open("/proc/self/clear_refs", "w") as fh:  # the high-water mark starts again from the current RSS
-        fh.write("5")
 
 
 def _block(name, channels):
@@ -85,9 +75,9 @@ def measure(block, stage):
     else:
         step = compat.value_and_grad(block_loss, params)
     before = resident_mb()
-    _reset_peak()
+    reset_peak_rss()
     step(x, router)
-    return {"kept_mb": resident_mb() - before, "peak_mb": _status_mb("VmHWM") - before,
+    return {"kept_mb": resident_mb() - before, "peak_mb": resident_mb("VmHWM") - before,
             "map_mb": BATCH * channels * height * width * 4 / 2.0 ** 20}
 
 

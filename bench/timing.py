@@ -1,4 +1,5 @@
 """Shared timing helper of the benchmarks."""
+import os
 import time
 
 import numpy as np
@@ -107,11 +108,11 @@ def run_isolated(backend, target, kwargs, timeout=3600, python=None, max_rss_mb=
             return pickle.load(fh)[0]
 
 
-def _rss_mb(pid):
+def _rss_mb(pid, field="VmRSS"):
     try:
         with open("/proc/%d/status" % pid) as fh:
             for line in fh:
-                if line.startswith("VmRSS:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) / 1024.0
     except OSError:
         pass
@@ -141,13 +142,25 @@ def _watched(command, env, timeout, max_rss_mb, tmp):
     return None
 
 
+_discarded_peak_mb = [0.0]  # the highest high-water mark reset_peak_rss has cleared in this process
+
+
+def reset_peak_rss():
+    """Start this process's resident-memory high-water mark (VmHWM) again from its current RSS (Linux:
+    clear_refs 5), so that a later reading is the peak of what ran in between. The kernel's getrusage peak is
+    cleared with it, so the mark cleared is kept for `with_peak_rss`, which still gives the process's peak."""
+    _discarded_peak_mb[0] = max(_discarded_peak_mb[0], _rss_mb(os.getpid(), "VmHWM"))
+    with open("/proc/self/clear_refs", "w") as fh:
+        fh.write("5")
+
+
 def with_peak_rss(target, kwargs):
     """Run `target` ("module:function") and add the process's peak resident memory (MB) to its result."""
     import importlib
     import resource
     module, name = target.split(":")
     result = getattr(importlib.import_module(module), name)(**kwargs)
-    result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    result["peak_rss_mb"] = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, _discarded_peak_mb[0])
     return result
 
 

@@ -27,11 +27,11 @@ without MindSpore, e.g. `REID_BACKEND=torch python bench/train_step.py --gpu --v
 
 Each compiled graph's build line is printed (compat.jit: seconds, resident memory it added and what was
 left after releasing the build's leftovers, and the process's new peak where the build or first call set
-one). Besides each variant's peak resident memory, the peak after its first basic step is printed
-(compiled: after building one graph, the basic step's), the resident memory after the warm-up, and the peak
-of the timed steps alone (the high-water mark is reset after the warm-up: no graph is built then). A
-watchdog kills a run whose resident memory exceeds `--max-rss-gb` (default 16 GB: the machines this was
-written on have 24 GiB, shared), reported as "exceeds N GB".
+one). Besides each variant's peak resident memory (the whole run's, graph builds included), the peak after
+its first basic step is printed (compiled: after building one graph, the basic step's), the resident memory
+after the warm-up, and the peak of the timed steps alone (the high-water mark is reset after the warm-up: no
+graph is built then). A watchdog kills a run whose resident memory exceeds `--max-rss-gb` (default 16 GB:
+the machines this was written on have 24 GiB, shared), reported as "exceeds N GB".
 """
 import os
 import sys
@@ -40,7 +40,8 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from bench.timing import layer_name, median_seconds, run_isolated, size_args, stack_variants  # noqa: E402
+from bench.timing import (layer_name, median_seconds, reset_peak_rss, run_isolated, size_args,  # noqa: E402
+                          stack_variants)
 from reid.config import augmentation_off_opts  # noqa: E402
 
 SIZES = {  # depths explicit: acl.yml (loaded below) is at the demo's 26x
@@ -73,21 +74,6 @@ def warm_up(trainer, max_meta_steps=30):
     return sorted(seen)
 
 
-def _status_mb(field):
-    with open("/proc/self/status") as fh:
-        return next(int(line.split()[1]) / 1024.0 for line in fh if line.startswith(field + ":"))
-
-
-def _peak_rss_mb():
-    return _status_mb("VmHWM")
-
-
-def _reset_peak_rss():
-    """Start the peak-RSS high-water mark again from the current RSS (Linux: clear_refs 5)."""
-    with open("/proc/self/clear_refs", "w") as fh:
-        fh.write("5")
-
-
 def measure(overrides, root, repeats, jit=False, memory_level=None, steps=("basic", "meta"), chunk_forwards=True,
             device="cpu", shared_graph=True, helper_thread=True):
     """Seconds per step (median of `repeats`) after the warm-up, the warm-up's seconds, and the peak resident
@@ -101,6 +87,7 @@ def measure(overrides, root, repeats, jit=False, memory_level=None, steps=("basi
     import time
 
     import compat
+    from compat.jit import resident_mb
     from reid.config import load_cfg
     from reid.engine.trainer import Trainer
     graphs = []
@@ -120,7 +107,7 @@ def measure(overrides, root, repeats, jit=False, memory_level=None, steps=("basi
     start = time.perf_counter()
     trainer.basic_step()
     first_basic = time.perf_counter() - start
-    peak_one = _peak_rss_mb()
+    peak_one = resident_mb("VmHWM")
     warmed = warm_up(trainer) if "meta" in steps else []
     warm = time.perf_counter() - start
     calls = {"basic": trainer.basic_step, "meta": trainer.meta_step}
@@ -128,14 +115,14 @@ def measure(overrides, root, repeats, jit=False, memory_level=None, steps=("basi
     if cuda is not None:  # the GPU's queued work belongs to the step that queued it
         calls = {step: (lambda call: lambda: (call(), cuda.synchronize()))(call) for step, call in calls.items()}
         cuda.reset_peak_memory_stats()
-    rss_after_warm_up = _status_mb("VmRSS")
-    _reset_peak_rss()  # the timed steps' own peak: no graph is built any more
+    rss_after_warm_up = resident_mb()
+    reset_peak_rss()  # the timed steps' own peak: no graph is built any more
     result = median_seconds([(step, calls[step]) for step in steps], repeats)
     if cuda is not None:
         result["peak_gpu_mb"] = cuda.max_memory_allocated() / 2.0 ** 20
     result.update(layer=layer_name(), warm_up_s=warm, first_basic_s=first_basic, warmed_domains=warmed,
                   peak_rss_basic_mb=peak_one, rss_after_warm_up_mb=rss_after_warm_up,
-                  peak_rss_steps_mb=_peak_rss_mb(), graphs=graphs)
+                  peak_rss_steps_mb=resident_mb("VmHWM"), graphs=graphs)
     return result
 
 
