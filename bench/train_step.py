@@ -20,7 +20,10 @@ own.
 
     python bench/train_step.py [--sizes demo,full-b8,full] [--repeats 3] [--stacks msadapter,mindtorch]
         [--memory-level O1] [--variants mindspore-compiled,torch] [--basic-only] [--max-rss-gb 16]
-        [--batch-forwards] [--separate-graphs] [--caller-thread] [--gpu]
+        [--batch-forwards] [--separate-graphs] [--caller-thread] [--gpu] [--network resnet50_ibn_a]
+
+--network resnet50_ibn_a / resnet50 times the Baseline meta-architecture on that backbone instead of ACL (basic
+steps only: the Baseline has no meta steps), to tell what ACL's CODE blocks add to a step's time and memory.
 
 --gpu adds torch on a CUDA GPU (label torch-gpu; its ratio is against torch on this machine's CPU). On a machine
 without MindSpore, e.g. `REID_BACKEND=torch python bench/train_step.py --gpu --variants torch,torch-gpu`.
@@ -52,6 +55,10 @@ SIZES = {  # depths explicit: acl.yml (loaded below) is at the demo's 26x
     "full-b8": ["MODEL.BACKBONE.BASE_WIDTH", "64", "MODEL.BACKBONE.DEPTH", "50x", "INPUT.SIZE_TRAIN", "[256,128]",
                 "SOLVER.IMS_PER_BATCH", "8", "META.IMS_PER_DOMAIN", "4", "MODEL.NUM_SPLITS", "1"],
 }
+# --network: the Baseline on a plain backbone (configs/synthetic/baseline.yml's changes to acl.yml)
+BASELINE = ["MODEL.META_ARCHITECTURE", "Baseline", "META.ENABLED", "False", "MODEL.LOSSES.CENTER.SCALE", "0.0",
+            "MODEL.LOSSES.CLUSTER.ENABLED", "False"]
+NETWORKS = ("acl", "resnet50_ibn_a", "resnet50")
 # the original's DataParallel emulation (for --batch-forwards): demo with 4 chunks (16 images each in basic
 # steps), full-b8 with 2 (4 images each; its meta-test chunks would hold one identity: use --basic-only)
 SIZES["demo-s4"] = SIZES["demo"][:-1] + ["4"]
@@ -132,6 +139,8 @@ def _options(parser):
     parser.add_argument("--variants", default="", help="comma-separated labels to run (default: all), e.g. "
                         "mindspore-compiled,torch where op by op does not fit in memory")
     parser.add_argument("--basic-only", action="store_true", help="time basic steps only (one graph compiled)")
+    parser.add_argument("--network", default="acl", choices=NETWORKS, help="acl (default), or the Baseline on "
+                        "resnet50_ibn_a / resnet50 (basic steps only)")
     parser.add_argument("--batch-forwards", action="store_true", help="also time MODEL.CHUNK_FORWARDS False (one "
                         "forward over the batch, per-chunk BN statistics) on each backend, labels *-batchfwd; "
                         "for the sizes with NUM_SPLITS > 1 (demo-s4, full-b8-s2)")
@@ -168,12 +177,16 @@ def main():
             variants["torch-gpu"] = ("torch", {"device": "gpu"}, variants["torch"][2])
         if args.variants:
             variants = {k: v for k, v in variants.items() if k in args.variants.split(",")}
-        common = {"steps": ("basic",)} if args.basic_only else {}
+        basic_only = args.basic_only or args.network != "acl"
+        network = [] if args.network == "acl" else BASELINE + ["MODEL.BACKBONE.NAME", args.network]
+        common = {"steps": ("basic",)} if basic_only else {}
+        if network:
+            print("network: the Baseline on %s (basic steps only)" % args.network, flush=True)
         ensure_synthetic(os.path.join(root, "synthetic"), seed=0, num_ids=80, domains=["SynthA", "SynthB", "SynthC"],
                          progress=False)
         layers = {}
         for size in args.sizes.split(","):
-            spec = dict(common, overrides=SIZES[size], root=root, repeats=args.repeats)
+            spec = dict(common, overrides=SIZES[size] + network, root=root, repeats=args.repeats)
             got = {label: run_isolated(v[0], "bench.train_step:measure", dict(spec, **v[1]), python=v[2],
                                        max_rss_mb=args.max_rss_gb * 1024 if args.max_rss_gb else None)
                    for label, v in variants.items()}
@@ -188,7 +201,7 @@ def main():
                 layers[label] = got[label]["layer"]
             tr = got["torch"]
             timed = [label for label in got if label != "torch"]
-            for step in ("basic",) if args.basic_only else ("basic", "meta"):
+            for step in ("basic",) if basic_only else ("basic", "meta"):
                 print("%-7s %-5s step   %s   torch %7.2f s" % (size, step, "   ".join(
                     "%s %7.2f s (%5.2fx)" % (label, got[label][step], got[label][step] / tr[step])
                     for label in timed), tr[step]), flush=True)
