@@ -55,10 +55,7 @@ SIZES = {  # depths explicit: acl.yml (loaded below) is at the demo's 26x
     "full-b8": ["MODEL.BACKBONE.BASE_WIDTH", "64", "MODEL.BACKBONE.DEPTH", "50x", "INPUT.SIZE_TRAIN", "[256,128]",
                 "SOLVER.IMS_PER_BATCH", "8", "META.IMS_PER_DOMAIN", "4", "MODEL.NUM_SPLITS", "1"],
 }
-# --network: the Baseline on a plain backbone (configs/synthetic/baseline.yml's changes to acl.yml)
-BASELINE = ["MODEL.META_ARCHITECTURE", "Baseline", "META.ENABLED", "False", "MODEL.LOSSES.CENTER.SCALE", "0.0",
-            "MODEL.LOSSES.CLUSTER.ENABLED", "False"]
-NETWORKS = ("acl", "resnet50_ibn_a", "resnet50")
+NETWORKS = ("acl", "resnet50_ibn_a", "resnet50")  # --network: ACL (acl.yml), else baseline.yml on that backbone
 # the original's DataParallel emulation (for --batch-forwards): demo with 4 chunks (16 images each in basic
 # steps), full-b8 with 2 (4 images each; its meta-test chunks would hold one identity: use --basic-only)
 SIZES["demo-s4"] = SIZES["demo"][:-1] + ["4"]
@@ -82,7 +79,7 @@ def warm_up(trainer, max_meta_steps=30):
 
 
 def measure(overrides, root, repeats, jit=False, memory_level=None, steps=("basic", "meta"), chunk_forwards=True,
-            device="cpu", shared_graph=True, helper_thread=True):
+            device="cpu", shared_graph=True, helper_thread=True, config="acl.yml"):
     """Seconds per step (median of `repeats`) after the warm-up, the warm-up's seconds, and the peak resident
     memory after the first basic step alone (compiled: one graph) as well as at the end (the runner adds it).
     `memory_level`: MindSpore's memory_optimize_level; `steps`: ("basic",) times basic steps only and warms
@@ -90,7 +87,7 @@ def measure(overrides, root, repeats, jit=False, memory_level=None, steps=("basi
     MODEL.JIT_SHARED_GRAPH (compiled: the basic and meta-train steps in one graph); `helper_thread`:
     MODEL.JIT_HELPER_THREAD (compiled: built graphs run on compat.jit's low-priority helper thread); `device`:
     MODEL.DEVICE (gpu: each timed step ends with a CUDA synchronisation, and the peak GPU memory of the timed steps
-    is added)."""
+    is added); `config`: the file under configs/synthetic the overrides apply to."""
     import time
 
     import compat
@@ -102,7 +99,7 @@ def measure(overrides, root, repeats, jit=False, memory_level=None, steps=("basi
     if memory_level:
         import mindspore
         mindspore.set_context(memory_optimize_level=memory_level)
-    cfg = load_cfg(os.path.join(ROOT, "configs", "synthetic", "acl.yml"),
+    cfg = load_cfg(os.path.join(ROOT, "configs", "synthetic", config),
                    COMMON + overrides + ["DATASETS.ROOT", root, "OUTPUT_DIR", os.path.join(root, "out"),
                                          "MODEL.JIT", str(bool(jit)),
                                          "MODEL.CHUNK_FORWARDS", str(bool(chunk_forwards)), "MODEL.DEVICE", device,
@@ -178,9 +175,10 @@ def main():
         if args.variants:
             variants = {k: v for k, v in variants.items() if k in args.variants.split(",")}
         basic_only = args.basic_only or args.network != "acl"
-        network = [] if args.network == "acl" else BASELINE + ["MODEL.BACKBONE.NAME", args.network]
         common = {"steps": ("basic",)} if basic_only else {}
-        if network:
+        network = []
+        if args.network != "acl":
+            common["config"], network = "baseline.yml", ["MODEL.BACKBONE.NAME", args.network]
             print("network: the Baseline on %s (basic steps only)" % args.network, flush=True)
         ensure_synthetic(os.path.join(root, "synthetic"), seed=0, num_ids=80, domains=["SynthA", "SynthB", "SynthC"],
                          progress=False)
