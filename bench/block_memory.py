@@ -51,6 +51,7 @@ def measure(block, stage):
 
     import compat
     from compat.jit import resident_mb
+    from reid.modeling.backbones.acl_resnet import mix_experts
     channels, height, width = STAGES[stage]
     np.random.seed(0)
     module = _block(block, channels)
@@ -63,8 +64,8 @@ def measure(block, stage):
         out = module(x)
         if block == "code":
             out = out[0]
-        elif block == "experts+mix":  # CODEBlock.forward's mix of the experts
-            out = (out * router.reshape(BATCH, NUM_EXPERTS, 1, 1, 1).expand_as(out)).sum(1)
+        elif block == "experts+mix":
+            out = mix_experts(out, router)
         return out.sum()
 
     compiled = compat.IS_MINDSPORE

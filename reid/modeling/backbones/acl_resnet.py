@@ -94,6 +94,14 @@ class ExpertBottleneck(nn.Module):
         return F.relu(out + x.reshape(n, 1, c, h, w).expand_as(out))
 
 
+def mix_experts(experts, weights):
+    """F_D = Σ_k w_k expert_k: experts (N, K, C, H, W) weighted by the router's (N, K) and summed over K. The
+    weights are broadcast explicitly (`expand_as`): MindSpore's implicitly broadcasting kernels keep memory of
+    their own in every compiled graph (docs/performance.md)."""
+    n, k = weights.shape[0], weights.shape[1]
+    return (experts * weights.reshape(n, k, 1, 1, 1).expand_as(experts)).sum(1)
+
+
 class CODEBlock(nn.Module):
     """Static branch + K dynamic experts mixed by the router, fused by two BNs, a sigmoid gate and SE.
     forward(x) -> (x, router weights (N, K))."""
@@ -110,11 +118,10 @@ class CODEBlock(nn.Module):
         self.meta_se = SELayer(channels)
 
     def forward(self, x):
-        n = x.shape[0]
         invariant = self.adaptor_base(x)
         experts = self.adaptor_sub(x)
         weights = self.router(x)
-        specific = (experts * weights.reshape(n, self.num_experts, 1, 1, 1).expand_as(experts)).sum(1)
+        specific = mix_experts(experts, weights)
         fused = self.meta_fuse(self.invariant_norm(invariant), self.specific_norm(specific))
         return self.meta_se(fused), weights
 
