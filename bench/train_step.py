@@ -174,11 +174,11 @@ def main():
             variants["torch-gpu"] = ("torch", {"device": "gpu"}, variants["torch"][2])
         if args.variants:
             variants = {k: v for k, v in variants.items() if k in args.variants.split(",")}
-        basic_only = args.basic_only or args.network != "acl"
+        network = [] if args.network == "acl" else ["MODEL.BACKBONE.NAME", args.network]
+        basic_only = args.basic_only or bool(network)
         common = {"steps": ("basic",)} if basic_only else {}
-        network = []
-        if args.network != "acl":
-            common["config"], network = "baseline.yml", ["MODEL.BACKBONE.NAME", args.network]
+        if network:
+            common["config"] = "baseline.yml"
             print("network: the Baseline on %s (basic steps only)" % args.network, flush=True)
         ensure_synthetic(os.path.join(root, "synthetic"), seed=0, num_ids=80, domains=["SynthA", "SynthB", "SynthC"],
                          progress=False)

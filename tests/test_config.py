@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from reid.config import get_cfg, load_cfg
+from reid.config import augmentation_off_opts, get_cfg, load_cfg
 from reid.config.config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -133,7 +133,6 @@ def test_the_supported_values_load():
 def test_augmentation_off_turns_every_augmentation_off(path):
     """The overrides the step comparisons and benchmarks use: every INPUT section with an ENABLED switch (the
     white balance and random erasing included), each False once loaded over a config that turns them on."""
-    from reid.config import augmentation_off_opts
     opts = augmentation_off_opts()
     switches = sorted(k for k, v in get_cfg().INPUT.items() if hasattr(v, "ENABLED"))
     assert switches == ["AUTOAUG", "CAST", "CJ", "FLIP", "PADDING", "REA"]
