@@ -1,5 +1,6 @@
 """yacs configuration: defaults -> config file (with _BASE_) -> command-line KEY VALUE pairs -> frozen."""
 import os
+import re
 
 import yaml
 from yacs.config import CfgNode
@@ -44,6 +45,51 @@ def augmentation_off_opts():
     return opts
 
 
+CUSTOM_PREFIX = "DATASETS.CUSTOM."
+_CUSTOM_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
+
+
+def add_custom_dataset(cfg, name, where):
+    """Give ``cfg`` an entry DATASETS.CUSTOM.<name> with the keys of every entry (defaults.CUSTOM_DATASET), unless it
+    has one: yacs only merges into keys that exist, and a user's dataset names are not known in advance."""
+    from reid.config.defaults import CUSTOM_DATASET
+    if not isinstance(name, str) or not _CUSTOM_NAME.match(name):
+        raise ConfigError("%s: DATASETS.CUSTOM entry %r is not a usable dataset name; use letters, digits, _ and -, "
+                          "starting with a letter" % (where, name))
+    if name not in cfg.DATASETS.CUSTOM:
+        cfg.DATASETS.CUSTOM[name] = CUSTOM_DATASET.clone()
+
+
+def _add_custom_entries_of_file(cfg, data, path):
+    datasets = data.get("DATASETS")
+    custom = datasets.get("CUSTOM") if isinstance(datasets, dict) else None
+    if custom is None:
+        return
+    if not isinstance(custom, dict):
+        raise ConfigError("%s: DATASETS.CUSTOM must map dataset names to {ROOT: folder} or {CSV: file}, got %r"
+                          % (path, custom))
+    for name, entry in custom.items():
+        if not isinstance(entry, dict):
+            raise ConfigError("%s: DATASETS.CUSTOM.%s must be {ROOT: folder} or {CSV: file}, got %r"
+                              % (path, name, entry))
+        add_custom_dataset(cfg, name, path)
+
+
+def _add_custom_entries_of_opts(cfg, opts):
+    for key in opts[0::2]:
+        if isinstance(key, str) and key.startswith(CUSTOM_PREFIX) and key.count(".") == 3:
+            add_custom_dataset(cfg, key.split(".")[2], "command line")
+
+
+def check_custom_datasets(cfg):
+    """ConfigError unless every DATASETS.CUSTOM entry names exactly one of ROOT (a Market-1501-style folder) or CSV."""
+    for name, entry in cfg.DATASETS.CUSTOM.items():
+        given = [k for k in ("ROOT", "CSV") if str(entry.get(k, "")).strip()]
+        if len(given) != 1:
+            raise ConfigError("DATASETS.CUSTOM.%s needs exactly one of ROOT (a folder in Market-1501 layout) or CSV (a "
+                              "path,pid,camid[,split] list), got %s" % (name, " and ".join(given) or "neither"))
+
+
 def get_cfg():
     """A mutable copy of the defaults (the full-size ACL setup)."""
     from reid.config.defaults import _C
@@ -64,6 +110,7 @@ def _merge_file(cfg, path, seen=()):
     base = data.pop("_BASE_", None)
     if base:
         _merge_file(cfg, os.path.join(os.path.dirname(path), base), seen + (path,))
+    _add_custom_entries_of_file(cfg, data, path)
     try:
         cfg.merge_from_other_cfg(CfgNode(data))
     except (KeyError, ValueError, TypeError) as exc:
@@ -86,10 +133,12 @@ def load_cfg(config_file=None, opts=()):
     opts = list(opts or [])
     if len(opts) % 2:
         raise ConfigError("command-line overrides must be KEY VALUE pairs; got an odd count: %s" % " ".join(opts))
+    _add_custom_entries_of_opts(cfg, opts)
     try:
         cfg.merge_from_list(opts)
     except (KeyError, ValueError, TypeError, AssertionError) as exc:
         raise ConfigError("command line: %s" % _explain(exc)) from None
     check_supported_values(cfg)
+    check_custom_datasets(cfg)
     cfg.freeze()
     return cfg

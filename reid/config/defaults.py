@@ -117,6 +117,12 @@ _C.DATASETS.ON_BAD_IMAGE = "stop"    # "stop" | "skip": what a corrupt/unreadabl
 _C.DATASETS.SYNTHETIC = CN()
 _C.DATASETS.SYNTHETIC.SEED = 0
 _C.DATASETS.SYNTHETIC.NUM_IDS = 300  # identities per synthetic domain
+# Your own labelled datasets (docs/datasets.md#your-own-data), one entry per name: DATASETS.CUSTOM.<Name>.ROOT, a
+# folder in Market-1501 layout and naming, or DATASETS.CUSTOM.<Name>.CSV, a list of path,pid,camid[,split] rows
+# (relative paths are under the data root). <Name> then goes in NAMES / TESTS like a built-in name. Entries are
+# added by the config file or the command line; each gets the keys of CUSTOM_DATASET.
+_C.DATASETS.CUSTOM = CN()
+CUSTOM_DATASET = CN({"ROOT": "", "CSV": ""})
 
 # ----------------------------------------------------------------------------- loader
 _C.DATALOADER = CN()

@@ -26,9 +26,9 @@ def data_root_hint():
             "environment variable to the folder that holds the datasets")
 
 
-def missing_layout_error(dataset, root, layout, missing):
+def missing_layout_error(dataset, root, layout, missing, hint=None):
     return UserError("%s not found under %s (missing %s); expected layout: %s; %s"
-                     % (dataset, root, missing, layout, data_root_hint()))
+                     % (dataset, root, missing, layout, hint or data_root_hint()))
 
 
 def list_images(folder):
@@ -110,6 +110,11 @@ class ReidDataset(object):
                 continue
             out.append((path, "%s_test_%d" % (self.name, pid), "%s_test_%d" % (self.name, cam), self.domain))
         return out
+
+    def where(self, split):
+        """Where the images of `split` ("train", "query", "gallery") would come from, for an error that finds none;
+        "" where the layout (in the missing-folder error) says it."""
+        return ""
 
     def require(self, paths, root=None):
         """Raise the missing-layout error for the first path that does not exist."""
