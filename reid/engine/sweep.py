@@ -168,10 +168,10 @@ def prepare_data(configs):
     """Write every built-in synthetic domain the configs train or test on, once, before runs start side by side
     (each run would otherwise generate the same files at the same time). `configs`: loaded cfgs."""
     from reid.data.datasets.registry import resolve_root
-    from reid.data.synthetic import ensure_synthetic
+    from reid.data.synthetic import SYNTHETIC_DOMAINS, ensure_synthetic
     done = set()
-    for cfg in configs:
-        names = [n for n in list(cfg.DATASETS.NAMES) + list(cfg.DATASETS.TESTS) if str(n).startswith("Synth")]
+    for cfg in configs:   # by the built-in names: a dataset of DATASETS.CUSTOM may be called SynthSomething
+        names = [n for n in list(cfg.DATASETS.NAMES) + list(cfg.DATASETS.TESTS) if n in SYNTHETIC_DOMAINS]
         key = (resolve_root(cfg=cfg), cfg.DATASETS.SYNTHETIC.SEED, cfg.DATASETS.SYNTHETIC.NUM_IDS)
         if names and key not in done:
             ensure_synthetic(os.path.join(key[0], "synthetic"), seed=key[1], num_ids=key[2], domains=names)
