@@ -43,10 +43,7 @@ class CustomFolder(MarketLayoutDataset):
         self.name = name
         super(CustomFolder, self).__init__(root, **kwargs)
 
-    def candidate_dirs(self):
-        return [self.root]
-
-    def load(self):
+    def load(self):   # the folder is given, and a split it does not use may be absent: no candidate_dirs search
         present = [s for s in SUBDIRS if os.path.isdir(os.path.join(self.root, s))]
         if not present:
             where, missing = ((self.root, os.path.join(self.root, SUBDIRS[0])) if os.path.isdir(self.root)
