@@ -5,9 +5,9 @@
         one of our checkpoints (a training checkpoint: its model, or its weight average under SOLVER.EMA; or a
         state dict) -> {"model": state_dict} in the original's names, which its Checkpointer loads
         (MODEL.WEIGHTS of the original code)
-    python tools/convert.py logs/model_final.pth --to ours --output model.pth
+    python tools/convert.py ~/ACL-DGReID/logs/model_final.pth --to ours --output model.pth
         a checkpoint of the original code -> our state dict (MODEL.WEIGHTS also reads the original's directly)
-    python tools/convert.py --from-original configs/bagtricks_DR50_mix.yml --output acl_from_original.yml
+    python tools/convert.py --from-original ~/ACL-DGReID/configs/bagtricks_DR50_mix.yml --output acl_from_original.yml
         an original config -> ours: the keys that build and evaluate the network
 
 The name mapping and what is dropped or added: docs/model.md, "Models trained with the original code".
