@@ -12,7 +12,7 @@ import os
 
 import yaml
 
-from reid.config.config import ConfigError
+from reid.config.config import ConfigError, yaml_chain
 
 # the original's dataset names (fast-reid's registry) -> ours
 DATASET_NAMES = {"cuhkSYSU": "CUHKSYSU", "Market1501": "Market1501", "MSMT17": "MSMT17", "CUHK03": "CUHK03"}
@@ -138,24 +138,9 @@ def _decode(value):
     return value
 
 
-def _read(path, seen=()):
+def _read(path):
     """The original config file as a flat {KEY.SUB: value} dict, its _BASE_ files merged under it."""
-    path = os.path.abspath(os.path.expanduser(path))
-    if not os.path.isfile(path):
-        raise ConfigError("original config %s does not exist" % path)
-    if path in seen:
-        raise ConfigError("original config %s includes itself through _BASE_" % path)
-    with open(path) as fh:
-        try:
-            data = yaml.safe_load(fh) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError("original config %s is not valid YAML: %s" % (path, str(exc).splitlines()[0])) from None
-    if not isinstance(data, dict):
-        raise ConfigError("original config %s is not a mapping of config keys" % path)
     flat = {}
-    base = data.pop("_BASE_", None)
-    if base:
-        flat.update(_read(os.path.join(os.path.dirname(path), base), seen + (path,)))
 
     def walk(node, prefix):
         for key, value in node.items():
@@ -163,7 +148,8 @@ def _read(path, seen=()):
                 walk(value, prefix + str(key) + ".")
             else:
                 flat[prefix + str(key)] = _decode(value)
-    walk(data, "")
+    for _, data in yaml_chain(path, "original config"):
+        walk(data, "")
     return flat
 
 

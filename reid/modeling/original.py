@@ -18,6 +18,8 @@ and so is original -> ours -> original for every tensor ours holds.
 import collections
 import re
 
+import numpy as np
+
 from compat.errors import UserError
 
 # (this project's name prefix, the original's name prefix); the rest of a name (conv1.weight, bn1.IN.bias,
@@ -194,8 +196,6 @@ def our_state(state, source="the checkpoint", report=None):
 def to_original(state):
     """Our (full-model) state dict -> the original's state dict, in its names and in the order its
     `model.state_dict()` has them, with the counters and dead parts it expects (see the module doc)."""
-    import numpy as np
-
     state = strip_module_prefix(state)
     if is_original(state):
         raise UserError("the state dict is already in the original ACL-DGReID names; nothing to convert")
