@@ -320,6 +320,14 @@ def _numpy_dtype(name, align=False, copy=False):
     return dtype
 
 
+def _latin1_bytes(text, encoding="latin1"):
+    """How pickle protocol 2 (torch.save's) spells a bytes object, e.g. the data of a numpy scalar such as a
+    fast-reid checkpoint's 'metric': _codecs.encode(str, 'latin1')."""
+    if not isinstance(text, str) or encoding != "latin1":
+        raise _Corrupt("_codecs.encode(%s, %r)" % (type(text).__name__, encoding))
+    return text.encode("latin1")
+
+
 class _Corrupt(Exception):
     pass
 
@@ -335,6 +343,7 @@ _ALLOWED = {
     ("numpy.core.multiarray", "scalar"): _numpy_scalar,
     ("numpy._core.multiarray", "scalar"): _numpy_scalar,
     ("numpy", "dtype"): _numpy_dtype,
+    ("_codecs", "encode"): _latin1_bytes,
 }
 _ALLOWED.update({("torch", name): _StorageType(name, dtype) for name, dtype in _STORAGE_DTYPES.items()})
 _ALLOWED.update({("torch", name): np.dtype(dtype) for name, dtype in _TORCH_DTYPES.items()})
@@ -416,15 +425,24 @@ def _names(keys, limit=8):
 
 
 def load_state_dict(module, state, strict=True):
-    """Copy `state` (name -> numpy array or tensor) into the module's parameters and buffers in place."""
+    """Copy `state` (name -> numpy array or tensor) into the module's parameters and buffers in place.
+
+    A state renamed on reading (a checkpoint written under other names) may carry `describe_key(name)`, the
+    name a key has in its file; the error messages then give both names."""
     targets = module.state_dict(keep_vars=True)
+    describe = getattr(state, "describe_key", None)
+
+    def label(name):
+        other = describe(name) if describe else name
+        return name if other == name else "%s (%s in the file)" % (name, other)
+
     missing = [k for k in targets if k not in state]
     unexpected = [k for k in state if k not in targets]
     problems = []
     if strict and missing:
-        problems.append("missing keys: " + _names(missing))
+        problems.append("missing keys: " + _names(map(label, missing)))
     if strict and unexpected:
-        problems.append("unexpected keys: " + _names(unexpected))
+        problems.append("unexpected keys: " + _names(map(label, unexpected)))
     values = {}
     mismatched = []
     for name, target in targets.items():
@@ -434,7 +452,7 @@ def load_state_dict(module, state, strict=True):
         value = _c.to_numpy(value) if _c.is_tensor(value) else np.asarray(value)
         expected = tuple(target.shape)
         if tuple(value.shape) != expected:
-            mismatched.append("%s (expected %s, got %s)" % (name, expected, tuple(value.shape)))
+            mismatched.append("%s (expected %s, got %s)" % (label(name), expected, tuple(value.shape)))
         values[name] = value
     if mismatched:
         problems.append("shape mismatch: " + _names(mismatched))

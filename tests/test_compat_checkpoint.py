@@ -149,8 +149,9 @@ def case_torch_writes(tmp):
         model(torch.randn(2, 3, 6, 6)).sum().backward()
         opt.step()
     view = torch.arange(24, dtype=torch.float64).reshape(4, 6)[1:, ::2]   # storage offset + strides
+    # metric: a numpy scalar, as fast-reid's checkpointer saves it (pickled through _codecs.encode)
     obj = {"model": model.state_dict(), "optimizer": opt.state_dict(), "epoch": 9, "view": view,
-           "half": torch.randn(4).half(), "flags": torch.tensor([True, False])}
+           "half": torch.randn(4).half(), "flags": torch.tensor([True, False]), "metric": np.float64(45.25)}
     torch.save(obj, os.path.join(tmp, "torch.pth"))
     torch.save({"a": torch.ones(2)}, os.path.join(tmp, "legacy.pth"), _use_new_zipfile_serialization=False)
     return dict(model={k: v.numpy().copy() for k, v in obj["model"].items()},
@@ -165,7 +166,7 @@ def case_compat_reads_torch_file(tmp):
     return dict(model=dict(loaded["model"]), model_type=type(loaded["model"]).__name__,
                 buffers={k: v["momentum_buffer"] for k, v in loaded["optimizer"]["state"].items()},
                 groups=loaded["optimizer"]["param_groups"], epoch=loaded["epoch"], view=loaded["view"],
-                half=loaded["half"], flags=loaded["flags"])
+                half=loaded["half"], flags=loaded["flags"], metric=loaded["metric"])
 
 
 def case_torch_reads_our_file(tmp):
@@ -238,6 +239,7 @@ def test_torch_written_pth_loads_exactly_without_torch(shared):
     assert np.array_equal(got["view"], ref["view"]) and got["view"].dtype == np.float64
     assert np.array_equal(got["half"], ref["half"]) and got["half"].dtype == np.float16
     assert got["flags"].tolist() == [True, False]
+    assert got["metric"] == 45.25
 
 
 @pytest.mark.parity

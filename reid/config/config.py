@@ -96,25 +96,32 @@ def get_cfg():
     return _C.clone()
 
 
-def _merge_file(cfg, path, seen=()):
+def yaml_chain(path, what="config file", seen=()):
+    """[(path, mapping)] of a yacs file and the `_BASE_` files under it, base first (`_BASE_` removed)."""
     path = os.path.abspath(os.path.expanduser(path))
     if not os.path.isfile(path):
-        raise ConfigError("config file %s does not exist" % path)
+        raise ConfigError("%s %s does not exist" % (what, path))
     if path in seen:
-        raise ConfigError("config file %s includes itself through _BASE_" % path)
+        raise ConfigError("%s %s includes itself through _BASE_" % (what, path))
     with open(path) as fh:
         try:
             data = yaml.safe_load(fh) or {}
         except yaml.YAMLError as exc:
-            raise ConfigError("config file %s is not valid YAML: %s" % (path, str(exc).splitlines()[0])) from None
+            raise ConfigError("%s %s is not valid YAML: %s" % (what, path, str(exc).splitlines()[0])) from None
+    if not isinstance(data, dict):
+        raise ConfigError("%s %s is not a mapping of config keys" % (what, path))
     base = data.pop("_BASE_", None)
-    if base:
-        _merge_file(cfg, os.path.join(os.path.dirname(path), base), seen + (path,))
-    _add_custom_entries_of_file(cfg, data, path)
-    try:
-        cfg.merge_from_other_cfg(CfgNode(data))
-    except (KeyError, ValueError, TypeError) as exc:
-        raise ConfigError("%s: %s" % (path, _explain(exc))) from None
+    chain = yaml_chain(os.path.join(os.path.dirname(path), base), what, seen + (path,)) if base else []
+    return chain + [(path, data)]
+
+
+def _merge_file(cfg, path):
+    for name, data in yaml_chain(path):
+        _add_custom_entries_of_file(cfg, data, name)
+        try:
+            cfg.merge_from_other_cfg(CfgNode(data))
+        except (KeyError, ValueError, TypeError) as exc:
+            raise ConfigError("%s: %s" % (name, _explain(exc))) from None
 
 
 def _explain(exc):

@@ -5,6 +5,7 @@ import os
 
 from compat import checkpoint as ckpt_io
 from compat.errors import UserError
+from reid.modeling.original import our_state
 
 POINTER = "last_checkpoint"
 
@@ -61,21 +62,22 @@ def load_training_state(path):
 
 
 def model_state_from_file(path):
-    """The model state dict stored in `path`: a training checkpoint of ours ({'model': ...}; the weight
-    average instead when it was trained with SOLVER.EMA, the weights its evaluations scored), or a plain
-    state dict (ours or a real PyTorch `.pth`)."""
+    """The model state dict stored in `path`, in this project's names: a training checkpoint of ours ({'model':
+    ...}; the weight average instead when it was trained with SOLVER.EMA, the weights its evaluations scored), a
+    plain state dict (ours or a real PyTorch `.pth`), or a checkpoint of the original ACL-DGReID code (its
+    fast-reid {'model': ...} dict, keys perhaps prefixed with `module.`), renamed by reid.modeling.original."""
     if not os.path.isfile(path):
         raise UserError("weights file %s does not exist; check MODEL.WEIGHTS" % path)
     state = ckpt_io.load(path)
     hooks = state.get("hooks") if isinstance(state, dict) else None
     average = (hooks.get("WeightAverage") or {}).get("average") if isinstance(hooks, dict) else None
     if isinstance(average, dict):
-        return average
+        return our_state(average, path)
     if isinstance(state, dict) and isinstance(state.get("model"), dict):
-        return state["model"]
+        return our_state(state["model"], path)
     if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
-        return state["state_dict"]
+        return our_state(state["state_dict"], path)
     if isinstance(state, dict) and state and all(hasattr(v, "shape") for v in state.values()):
-        return state
+        return our_state(state, path)
     raise UserError("%s holds no model state dict (expected a dict of arrays, or a checkpoint with a 'model' "
                     "entry); check MODEL.WEIGHTS" % path)

@@ -16,6 +16,10 @@ Plain backbones load by name. The ACL backbone follows the original's weight sur
         bn1 as IBN where the block has a plain BN (stage 4): IN <- first half, BN <- second half.
 Router, fusion norms, gate, SE and head keep their initialisation. `num_batches_tracked` and `fc.*` are
 ignored. A missing file, a missing stem/main-stage key or a shape mismatch raises a UserError naming it.
+
+A trained ACL network instead (a whole model's state dict or a backbone's, ours or the original code's, in
+any checkpoint layout MODEL.WEIGHTS reads) starts the backbone as it is: every backbone tensor by name, none
+missing; the head keeps its initialisation.
 """
 import os
 
@@ -26,6 +30,7 @@ from compat.errors import UserError
 
 from reid.modeling.backbones.acl_resnet import ACLResNet
 from reid.modeling.backbones.resnet import RESNET50_BLOCKS, ResNet
+from reid.modeling.original import our_state, strip_module_prefix, sub_state
 from reid.modeling.utils import load_numpy_state, numpy_state
 
 
@@ -39,11 +44,22 @@ def read_checkpoint(path):
         raise UserError("pretrained weights %s do not exist; download resnet50_ibn_a-d9d0bb7b.pth (IBN-Net release "
                         "v1.0) and set MODEL.BACKBONE.PRETRAIN_PATH to it" % path)
     state = checkpoint.load(path)
-    if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
-        state = state["state_dict"]
+    for entry in ("model", "state_dict"):   # a training checkpoint (fast-reid's and ours), a wrapped state dict
+        if isinstance(state, dict) and isinstance(state.get(entry), dict):
+            state = state[entry]
+            break
     if not isinstance(state, dict):
         raise UserError("%s does not hold a state dict (got %s)" % (path, type(state).__name__))
-    return {(k[7:] if k.startswith("module.") else k): np.asarray(v) for k, v in state.items()}
+    return {k: np.asarray(v) for k, v in strip_module_prefix(state, path).items()}
+
+
+def trained_acl_backbone(ckpt, source, report=None):
+    """The backbone state (our names, keys without 'backbone.') when `ckpt` holds a trained ACL backbone: a
+    whole model's state dict, ours or the original code's (reid/modeling/original.py; `report` as there), or a
+    backbone's own; None for anything else (an ImageNet ResNet)."""
+    state = ckpt if any(k.startswith("backbone.") for k in ckpt) else {"backbone." + k: v for k, v in ckpt.items()}
+    state = sub_state(our_state(state, source, report), "backbone.")
+    return state if any(k.startswith("code") for k in state) else None
 
 
 def _pool_inputs(weight, k):
@@ -129,6 +145,15 @@ def load_pretrained_backbone(model, source):
     {name: array} dict in the ResNet-50(-IBN-a) layout. Returns the list of backbone names loaded."""
     backbone = getattr(model, "backbone", model)
     ckpt = read_checkpoint(source) if isinstance(source, (str, os.PathLike)) else dict(source)
+    where = str(source) if isinstance(source, (str, os.PathLike)) else "the pretrained state"
+    notes = []
+    trained = trained_acl_backbone(ckpt, where, notes.append)
+    if trained is not None:
+        # a trained ACL network (ours or the original's) starts this one: every backbone tensor by name
+        checkpoint.load_state_dict(backbone, trained)
+        print("%s: a trained ACL backbone, its %d tensors loaded by name (no ImageNet weight surgery)%s"
+              % (where, len(trained), "".join("; " + note for note in notes)))
+        return list(trained)
     if isinstance(backbone, ACLResNet):
         state = acl_surgery(backbone, ckpt)
     elif isinstance(backbone, ResNet):
