@@ -59,7 +59,7 @@ MT_TESTS := tests/test_compat_checkpoint.py tests/test_compat_custom_op.py tests
 # 20-iteration step comparison, and the torch suite, the mindtorch one, then that comparison. Much of each
 # suite is one busy thread (MindSpore's graph builds, Python), so on 2 cores side by side takes less wall time
 # than one after the other; the comparison (~4 of the MSAdapter suite's ~16 minutes) moves to the shorter job to
-# even them out (README "Tests"). Each command's output is printed whole when it ends (make's
+# even them out (docs/testing.md). Each command's output is printed whole when it ends (make's
 # --output-sync=line); TEST_JOBS=1 runs everything one after the other, printing as it goes.
 TEST_JOBS ?= 2
 STEP_COMPARISON := tests/test_training.py::test_steps_match_between_backends[1-20]
