@@ -29,7 +29,7 @@ setup-mindtorch: .venv-mindtorch/.reqs-stamp
 	$(TORCH_PY) -m pip install -q --disable-pip-version-check -r requirements-torch.txt
 	@touch $@
 
-# ~1 GB download, ~3.5 GB installed. The exact pre-release pin in the file lets pip take it without --pre.
+# The largest download (docs/install.md). The exact pre-release pin in the file lets pip take it without --pre.
 .venv-mindtorch/.reqs-stamp: requirements-mindtorch.txt
 	@test -x $(MT_PY) || $(PY39) -m venv .venv-mindtorch
 	$(MT_PY) -m pip install -q --disable-pip-version-check -r requirements-mindtorch.txt
@@ -45,8 +45,8 @@ demo: setup-ms
 # The mindtorch run repeats the tests that go through the torch-API layer (compat, model, compiled execution,
 # losses, evaluation, trainer, and their parity against torch); the numpy-only tests (config, datasets,
 # samplers, synthetic data, transforms) do not touch the layer and run in the other two. Five trainer tests
-# skip themselves there, each naming its measured cost and where its check is made on that stack (the stack
-# runs a training step 2.5-4x slower than MSAdapter on CPU; all of them would take `make test` past 20 min).
+# skip themselves there, each naming its cost and where its check is made on that stack (the stack trains
+# several times slower than MSAdapter on CPU; docs/testing.md).
 # A missing environment fails the parity tests (tests/crossenv.py); the opt-out to skip them instead,
 # REID_ALLOW_MISSING_BACKEND=1, is cleared here so that `make test` never passes without its references.
 MT_TESTS := tests/test_compat_checkpoint.py tests/test_compat_custom_op.py tests/test_compat_data.py \
@@ -58,8 +58,8 @@ MT_TESTS := tests/test_compat_checkpoint.py tests/test_compat_custom_op.py tests
 # Two jobs side by side on the machine's cores (TEST_JOBS=2, the default): the MSAdapter suite but its
 # 20-iteration step comparison, and the torch suite, the mindtorch one, then that comparison. Much of each
 # suite is one busy thread (MindSpore's graph builds, Python), so on 2 cores side by side takes less wall time
-# than one after the other; the comparison (~4 of the MSAdapter suite's ~16 minutes) moves to the shorter job to
-# even them out (README "Tests"). Each command's output is printed whole when it ends (make's
+# than one after the other; the comparison (a large part of the MSAdapter suite) moves to the shorter job to
+# even them out (docs/testing.md). Each command's output is printed whole when it ends (make's
 # --output-sync=line); TEST_JOBS=1 runs everything one after the other, printing as it goes.
 TEST_JOBS ?= 2
 STEP_COMPARISON := tests/test_training.py::test_steps_match_between_backends[1-20]
@@ -104,9 +104,9 @@ clean-venvs:
 test-compiled: setup
 	REID_ALLOW_MISSING_BACKEND= REID_BACKEND=mindspore $(MS_PY) -m pytest tests/test_compiled_steps.py -q $(PYTEST_ARGS)
 
-# The data-parallel tests including two that `make test` skips on MindSpore to stay within its 20 minutes: the
-# step comparison with compiled steps in the ranks (~2.5 minutes on 2 cores: each rank builds its step graphs) and
-# the kill + resume scenario (three 2-rank MindSpore runs, ~5 minutes).
+# The data-parallel tests including two that `make test` skips on MindSpore to stay within its budget: the step
+# comparison with compiled steps in the ranks (each rank builds its step graphs) and the kill + resume scenario
+# (three 2-rank MindSpore runs); minutes each on 2 cores (docs/testing.md).
 test-dist: setup
 	REID_DIST_FULL=1 REID_BACKEND=mindspore $(MS_PY) -m pytest tests/test_distributed.py -q -rs $(PYTEST_ARGS)
 	REID_DIST_FULL=1 REID_BACKEND=torch $(TORCH_PY) -m pytest tests/test_distributed.py -q -rs $(PYTEST_ARGS)

@@ -24,7 +24,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 PYTHONS = {"mindspore": os.path.join(ROOT, ".venv", "bin", "python"),
            "torch": os.path.join(ROOT, ".venv-torch", "bin", "python")}
-# op-by-op steps, as the figures in README were measured (the demo config now compiles them: MODEL.JIT True)
+# op-by-op steps, as the figures in docs/performance.md were measured (the demo config compiles them: MODEL.JIT True)
 OPTS = ["DATALOADER.NUM_WORKERS", "0", "TEST.EVAL_AT_START", "False", "MODEL.JIT", "False"]
 
 

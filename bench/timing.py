@@ -20,7 +20,7 @@ def median_seconds(named_calls, repeats):
     return result
 
 
-# The MindSpore stacks by their environment (README "Environments"): `--stacks` times each against torch in
+# The MindSpore stacks by their environment (docs/install.md): `--stacks` times each against torch in
 # one run. Without it the MindSpore side is the interpreter running the benchmark when it has MindSpore (so
 # the mindtorch stack from .venv-mindtorch), else .venv.
 STACK_ENVS = {"msadapter": ".venv", "mindtorch": ".venv-mindtorch"}

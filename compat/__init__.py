@@ -79,7 +79,5 @@ def info():
                 device=globals()["current_device"]())
 
 
-__all__ = ["BACKEND", "IS_MINDSPORE", "LAYER", "IS_MINDTORCH", "torch", "nn", "F", "UserError", "info", "as_tensor",
-           "to_numpy", "manual_seed", "no_grad", "assign_", "is_tensor", "zeros_like", "detach_tree", "set_device",
-           "current_device", "to_device", "value_and_grad", "batch_norm", "instance_norm", "normalize",
-           "clip_grad_norm", "custom_op", "detach", "optim", "schedules", "checkpoint", "data"]
+# every public name: the backend's, this module's own and the export tables above (one list to keep in step)
+__all__ = list(_BACKEND_NAMES) + ["UserError", "info"] + list(_EXPORTS) + list(_SUBMODULES)

@@ -3,13 +3,13 @@
 MindSpore builds a graph by parsing and type-inferring every Python function the compiled code calls, once
 per call site (compat/jit.py). Each MSAdapter op is a Python wrapper (argument casts, dtype and inplace
 checks, its primitive built through MindSpore's functional layer), so a network's graph is mostly wrapper
-code: at demo size the evaluation graph held ~12,000 nodes after type inference for ~400 kernels, and
-building it (~80 s) and the memory the build leaves are proportional to that. `functional(F)` returns the
-layer's `nn.functional` with conv2d, linear, relu and softmax replaced by functions that, while a graph is
-built (`compat.jit.in_graph()`), call the MindSpore primitive directly (built once per configuration in
-Python, outside the graph: one constant node) and mark the result as a torch-API tensor; op by op they call
-the layer's own function unchanged. Only the argument forms the network uses take the thin path (2-D
-linear, conv2d with int / pair arguments); anything else goes to the layer's function in both modes.
+code, and a build's time and the memory it leaves grow with that code (docs/performance.md#build-time).
+`functional(F)` returns the layer's `nn.functional` with conv2d, linear, relu and softmax replaced by
+functions that, while a graph is built (`compat.jit.in_graph()`), call the MindSpore primitive directly (built
+once per configuration in Python, outside the graph: one constant node) and mark the result as a torch-API
+tensor; op by op they call the layer's own function unchanged. Only the argument forms the network uses take
+the thin path (2-D linear, conv2d with int / pair arguments); anything else goes to the layer's function in
+both modes.
 """
 import sys
 import types

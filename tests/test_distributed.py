@@ -55,7 +55,7 @@ def _launch(out, args, nproc=2):
 
 def _single(out, args):
     """The one-process reference run. A run killed by a signal is repeated once from scratch (MindSpore 2.0 +
-    MSAdapter crashed now and then, once in this reference run: README Known limitations, now avoided by
+    MSAdapter crashed now and then, once in this reference run: docs/limitations.md, now avoided by
     compat/shims.py; kept for crashes of other causes), anything else fails the test."""
     for attempt in range(2):
         proc = subprocess.run([sys.executable, CHILD, out] + list(args), cwd=ROOT, capture_output=True, text=True,
@@ -139,11 +139,11 @@ def test_two_ranks_take_the_steps_of_one_process_with_two_splits(synth_root, tmp
     The one process runs one forward per chunk (MODEL.CHUNK_FORWARDS, the default), so its kernels see the
     shapes a rank's see; what is left is the order in which the chunks' gradients are summed (autograd there,
     the all-reduce here), float32 rounding. Measured per step (torch): loss <= 3.5e-6, weights <= 2.6e-6,
-    update <= 3.7e-3 (MindSpore: see README). With MODEL.CHUNK_FORWARDS False (one forward over the batch,
-    per-chunk batch-norm statistics) the one process runs every layer on the whole batch (B images per kernel
-    call) and this network turns that rounding into ~1% gradient differences (test_training.py:
-    test_steps_match_between_backends explains why): weights up to 1.3e-4 apart after a step, loss 1.2e-5;
-    in float64 the two runs agree to 1e-14 either way (the next test)."""
+    update <= 3.7e-3 (MindSpore: docs/testing.md#data-parallel). With MODEL.CHUNK_FORWARDS False (one forward
+    over the batch, per-chunk batch-norm statistics) the one process runs every layer on the whole batch (B
+    images per kernel call) and this network turns that rounding into ~1% gradient differences
+    (test_training.py: test_steps_match_between_backends explains why): weights up to 1.3e-4 apart after a
+    step, loss 1.2e-5; in float64 the two runs agree to 1e-14 either way (the next test)."""
     _, b = _two_ranks_against_one_process(synth_root, tmp_path)
     assert list(b["graphs"]) == []  # op by op (TINY)
 

@@ -2,7 +2,7 @@
 
 Skipped unless the torch backend sees a CUDA device: CI has none and none of our MindSpore environments has a GPU
 build, so `make test` passes them by; a GPU machine is checked with
-`REID_BACKEND=torch python -m pytest tests/test_gpu.py` (README "Tests"). The protocols and tolerances are the
+`REID_BACKEND=torch python -m pytest tests/test_gpu.py` (docs/testing.md#gpu). The protocols and tolerances are the
 cross-backend ones, with the GPU where the MindSpore run stands there:
 - every module type (tests/test_modeling.py's cases: train-mode outputs, input and parameter gradients, running
   statistics, eval outputs, the fast-weight path and its identity with set weights) to the module tolerances;

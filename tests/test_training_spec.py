@@ -1,4 +1,4 @@
-"""The trainer against the method's rules (docs/architecture.md "Engine contract", README "Faithfulness"),
+"""The trainer against the method's rules (docs/architecture.md "Engine contract", docs/method.md#training),
 not against the other backend: a rule both backends get wrong fails here.
 
 * fast-weight steps: α·r·g with α the meta optimizer's lr of the iteration, r = 0.5 for `adaptor` parameters;

@@ -1,5 +1,5 @@
 #!/bin/bash
-# The torch backend on a CUDA GPU, in one go (README "Tests"): tests/test_gpu.py (GPU against CPU), the training-step
+# The torch backend on a CUDA GPU, in one go (docs/testing.md#gpu): tests/test_gpu.py (GPU against CPU), the training-step
 # benchmark (torch on the GPU against torch on this machine's CPU, demo and full size) and the demo recipe trained
 # and evaluated on the GPU. Logs and the demo's results.json / curves.png go to $OUT (default /tmp/gpu-check).
 #   tools/gpu_check.sh            # python3 with torch (CUDA), numpy, opencv, scipy, scikit-learn, matplotlib, yacs

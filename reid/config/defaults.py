@@ -21,26 +21,26 @@ _C.MODEL.PIXEL_STD = [58.395, 57.12, 57.375]
 _C.MODEL.NUM_SPLITS = 4
 # With NUM_SPLITS > 1, op by op: True runs one forward per chunk, as DataParallel's replicas do (the kernels see
 # a chunk, so a data-parallel run's ranks compute the same); False one forward over the whole batch with
-# per-chunk BN statistics (the same function, rounded differently; compiled steps always do this). Cost of True:
-# none measured at full size; at demo width with 4 chunks a MindSpore step takes 2.4-3.5x longer (docs/performance.md).
+# per-chunk BN statistics (the same function, rounded differently; compiled steps always do this). True costs
+# nothing at full size and several times a MindSpore step at demo width (docs/performance.md#other).
 _C.MODEL.CHUNK_FORWARDS = True
-# MindSpore: compiled training steps (static graphs, compat/jit.py; built on first use: ~40 s each at the demo's
-# size, ~1 minute at full size on a 2-core CPU); False: op by op, the slower path that
-# needs more memory at full size (README "Known limitations"). On torch it does nothing.
+# MindSpore: compiled training steps (static graphs, compat/jit.py; each built on first use); False: op by op,
+# the slower path that needs more memory at full size (docs/performance.md#compiled-execution). On torch it
+# does nothing.
 _C.MODEL.JIT = True
 # With MODEL.JIT and META.ENABLED: the basic and meta-train steps share one graph (both objectives computed, each
 # weighted 1 or 0; the running statistics put back after meta-train steps), the meta-test step has its own. One
-# graph fewer to build and to hold (each step graph keeps its convolutions' buffers: ~0.5 GB at full size;
-# docs/performance.md); False: a graph per step kind.
+# graph fewer to build and to hold (each step graph keeps its convolutions' buffers; docs/performance.md#ratios);
+# False: a graph per step kind.
 _C.MODEL.JIT_SHARED_GRAPH = True
 # MindSpore: where the compiled evaluation graph (TEST.JIT) is kept, so that a later run (train.py or test.py) with
-# the same code, model config and batch shape loads it instead of building it again (~1 s instead of a minute or
-# more): "" = OUTPUT_DIR/compile_cache, "off" = none. (MindSpore 2.0 cannot cache MODEL.JIT's step graphs.)
+# the same code, model config and batch shape loads it instead of building it again: "" = OUTPUT_DIR/compile_cache,
+# "off" = none. MindSpore 2.0 cannot cache MODEL.JIT's step graphs (docs/performance.md#compiled-execution).
 _C.MODEL.COMPILE_CACHE = ""
 _C.MODEL.NUM_THREADS = 0              # MindSpore CPU kernel threads; 0 = env REID_NUM_THREADS, else one per core
 # MindSpore: built graphs (MODEL.JIT, TEST.JIT) run on a helper thread at the lowest CPU priority while the calling
 # thread sleeps. MindSpore 2.0 spin-waits in the thread that runs a graph, which on few cores takes CPU from the
-# graph's kernel threads (demo size, 2 cores: ~10% per step; compat/jit.py). False: on the calling thread.
+# graph's kernel threads (docs/performance.md#compiled-execution). False: on the calling thread.
 _C.MODEL.JIT_HELPER_THREAD = True
 
 _C.MODEL.BACKBONE = CN()
@@ -58,7 +58,7 @@ _C.MODEL.BACKBONE.PRETRAIN_PATH = ""             # e.g. ~/.cache/torch/checkpoin
 _C.MODEL.BACKBONE.ADAPTOR_STEP_RATIO = 0.5       # r: fast-weight step ratio for modules named *adaptor*
 # True: the last BN of every stage bottleneck starts at scale 0, so each residual block starts as the identity
 # (Goyal et al. 2017). Not the original's init (it loads ImageNet weights); from scratch (the synthetic demo)
-# it ends the ~100-iteration plateau at chance. Pretrained weights overwrite it.
+# it ends a long plateau at chance (docs/demo.md). Pretrained weights overwrite it.
 _C.MODEL.BACKBONE.ZERO_INIT_RESIDUAL = False
 # True: the CODE blocks' residual branches start at zero too (the static branch's last instance-norm scale and
 # every expert's bn3 scale), so each CODE block starts as a normalised copy of its input. Not the original's init;

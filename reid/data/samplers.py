@@ -12,8 +12,8 @@ makes a batch cost O(P) instead of O(number of identities).)
 Resuming: the stream is reconstructible from (seed, number of batches consumed). `state_dict()` gives
 ``{"seed", "batches"}`` for the batches this sampler has yielded; because loaders prefetch, the trainer
 should store the number of batches it actually consumed instead and hand that to `load_state_dict` (or to
-the `start_batch` argument), which replays the stream up to there (about 0.15 ms of CPU per batch of 32
-identities: ~11 s to replay a whole 72,840-iteration run).
+the `start_batch` argument), which replays the stream up to there (numpy only: seconds even for a whole
+paper-length run, docs/performance.md#other).
 """
 import numpy as np
 

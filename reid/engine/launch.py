@@ -24,7 +24,7 @@ def build_parser(description, training):
                        help="train in a child process and, when it is killed by a crash signal (SIGSEGV, "
                             "SIGKILL, ...), resume it from the last checkpoint, at most N times; 0: train in this "
                             "process, no restarts (default %(default)s)")
-        dist = p.add_argument_group("data-parallel training (README: several processes)")
+        dist = p.add_argument_group("data-parallel training (docs/architecture.md#data-parallel-training)")
         dist.add_argument("--nproc", type=int, default=1, metavar="N",
                           help="training processes on this machine, one rank each, on the backend's own launcher "
                                "(torchrun / MindSpore's scheduler + workers); batch sizes are the whole run's")
@@ -48,9 +48,8 @@ def build_parser(description, training):
 
 def parse_args(description, training, argv=None):
     """Parse the command line and select the backend before anything imports `compat`."""
-    # A crash in the framework's native code (seen once with MindSpore 2.0 PyNative on CPU, after ~190
-    # iterations) then still prints the Python stack; train.py's supervisor (--max-restarts) resumes from
-    # the last checkpoint.
+    # A crash in the framework's native code (docs/limitations.md) then still prints the Python stack;
+    # train.py's supervisor (--max-restarts) resumes from the last checkpoint.
     faulthandler.enable()
     args = build_parser(description, training).parse_intermixed_args(argv)
     if training and args.max_restarts < 0:
@@ -200,7 +199,7 @@ def train(cfg, resume=False, progress=True):
     last, best) are the rows of its Evaluator hook, also in OUTPUT_DIR/results.json. In a data-parallel
     run (train.py --nproc) every rank trains and rank 0 alone logs, evaluates and writes checkpoints."""
     import compat
-    from reid.engine.hooks import Evaluator, default_hooks
+    from reid.engine.hooks import Evaluator
     from reid.engine.trainer import Trainer
     from reid.evaluation import format_rows_table
 
@@ -224,7 +223,7 @@ def train(cfg, resume=False, progress=True):
         print("data parallel: %d processes, %d images per process per basic step" % (
             group.world_size, cfg.SOLVER.IMS_PER_BATCH // group.world_size))
     evaluate_fn = build_evaluate_fn(cfg) if len(cfg.DATASETS.TESTS) else None
-    hooks = default_hooks(trainer, evaluate_fn, progress=progress)
+    hooks = trainer.build_hooks(evaluate_fn, progress=progress)
     evaluator = next((h for h in hooks if isinstance(h, Evaluator)), None)
     reference = reference_results(cfg) if evaluator is not None else None
     if reference:   # a row of the evaluator's table and results.json, between 'untrained' and 'last'

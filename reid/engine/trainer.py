@@ -30,13 +30,14 @@ import compat
 from compat.errors import UserError
 from compat.optim import SGD
 from compat.schedules import LRSchedule
+from reid import modeling
 from reid.config import check_supported_values
 from reid.engine.checkpointer import Checkpointer, model_state_from_file
 from reid.engine.distributed import local_splits
+from reid.engine.hooks import default_hooks
 from reid.engine.objectives import loss_settings
 from reid.engine.steps import StepFunctions, chunk_domains
 from reid.engine.train_loop import TrainLoop
-from reid.modeling import build_model
 from reid.modeling.layers import MetaBatchNorm, MetaInstanceNorm
 from reid.modeling.utils import named_state
 
@@ -67,6 +68,15 @@ def param_groups(named_params, solver, norm_names):
     return groups, names
 
 
+def with_class_counts(cfg, num_classes):
+    """A frozen copy of `cfg` whose MODEL.HEADS.NUM_CLASSES are the training data's per-domain class counts."""
+    cfg = cfg.clone()
+    cfg.defrost()
+    cfg.MODEL.HEADS.NUM_CLASSES = list(num_classes)
+    cfg.freeze()
+    return cfg
+
+
 def _finite(value):
     return math.isfinite(float(value))
 
@@ -79,6 +89,12 @@ class Trainer(TrainLoop):
     """Builds everything from a frozen config (which it leaves as it is: `self.cfg` is a copy that also
     carries the class counts of the training data) and runs the ACL iterations in a `TrainLoop`.
 
+    Each part comes from a `build_*` method that a subclass may override, as fast-reid's DefaultTrainer
+    does: `build_data`, `build_model`, `build_optimizers`, `build_schedule`, `build_step_functions` and
+    `build_hooks` (the last is called by the caller, `reid.engine.launch.train`, once the evaluation is known).
+    They are called in that order, and the order is part of the behaviour: the model draws its initial weights
+    from numpy's global RNG after the data is built.
+
     Steps put what they measured into `self.storage` (loss terms `loss_*`; for meta steps `meta/loss_mtrain`,
     `meta/loss_mtest`, `meta/test_domain` and the terms of each as `meta/mtrain/loss_*`, `meta/mtest/loss_*`; `lr`,
     `time`), tagged with the iteration; `step_log` keeps (iteration, kind, total loss) of every step."""
@@ -89,31 +105,21 @@ class Trainer(TrainLoop):
         self.quiet = quiet
         self.output_dir = cfg.OUTPUT_DIR
         self.checkpointer = Checkpointer(self.output_dir)
-        state, state_path = None, None
-        if resume:
-            state_path, state = self.checkpointer.load_last()
+        state_path, state = self.checkpointer.load_last() if resume else (None, None)
 
         compat.set_device(cfg.MODEL.DEVICE)
         compat.manual_seed(cfg.SEED)
         np.random.seed(cfg.SEED)
         self.dist = compat.distributed.group()  # data-parallel ranks (world size 1 without a launcher)
 
-        if data is None:
-            from reid.data.build import TrainData
-            data = TrainData(cfg, consumed=state.get("data") if state else None,
-                             shard=(self.dist.rank, self.dist.world_size))
-        self.data = data
-        cfg = cfg.clone()
-        cfg.defrost()
-        cfg.MODEL.HEADS.NUM_CLASSES = list(data.num_classes)
-        cfg.freeze()
-        self.cfg = cfg
+        self.data = data if data is not None else self.build_data(cfg, state)
+        self.cfg = cfg = with_class_counts(cfg, self.data.num_classes)
         self.meta = bool(cfg.META.ENABLED)
-        if self.meta and len(data.num_classes) < 2:
+        if self.meta and len(self.data.num_classes) < 2:
             raise UserError("meta steps need at least 2 source domains (DATASETS.NAMES has %d); add sources or set "
-                            "META.ENABLED False" % len(data.num_classes))
+                            "META.ENABLED False" % len(self.data.num_classes))
 
-        self.model = compat.to_device(build_model(cfg))
+        self.model = self.build_model(cfg)
         if cfg.MODEL.WEIGHTS and state is None:
             compat.checkpoint.load_state_dict(self.model, model_state_from_file(cfg.MODEL.WEIGHTS))
         self.model.train()
@@ -121,46 +127,78 @@ class Trainer(TrainLoop):
         # share of the MODEL.NUM_SPLITS devices (docs/method.md#dataparallel)
         self.dist.broadcast_(list(named_state(self.model).values()))
         self.num_splits = local_splits(int(cfg.MODEL.NUM_SPLITS), self.dist.world_size)
-        compiled = compat.jit.enabled(cfg.MODEL.JIT)
+        self.compiled = compat.jit.enabled(cfg.MODEL.JIT)
         reason = compat.jit.op_by_op_reason(cfg.MODEL.JIT)  # the mindtorch stack: op by op, and says so
         if reason and not quiet and self.dist.is_main:
             print(reason)
         # MODEL.CHUNK_FORWARDS: one forward per chunk (the step functions split the batch; the batch norms see
         # one chunk), else one forward with per-chunk batch-norm statistics (always so in compiled steps)
-        chunk_forwards = bool(cfg.MODEL.CHUNK_FORWARDS) and not compiled
-        self.model.num_splits = 1 if chunk_forwards else self.num_splits
+        self.chunk_forwards = bool(cfg.MODEL.CHUNK_FORWARDS) and not self.compiled
+        self.model.num_splits = 1 if self.chunk_forwards else self.num_splits
 
-        norm_names = {"%s.%s" % (mod_name, p_name) if mod_name else p_name
-                      for mod_name, mod in self.model.named_modules()
-                      if isinstance(mod, (MetaBatchNorm, MetaInstanceNorm))
-                      for p_name, _ in mod.named_parameters(recurse=False)}
-        trainable = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
-        groups, self.param_names = param_groups(trainable, cfg.SOLVER, norm_names)
-        self.optimizer = SGD(groups, lr=cfg.SOLVER.BASE_LR, momentum=cfg.SOLVER.MOMENTUM,
-                             nesterov=cfg.SOLVER.NESTEROV)
+        self.optimizer, self.optimizer_meta, self.param_names = self.build_optimizers(cfg)
         self.params = self.optimizer.params
-        meta_groups, _ = param_groups(trainable, cfg.SOLVER, norm_names)
-        self.optimizer_meta = SGD(meta_groups, lr=cfg.SOLVER.BASE_LR, momentum=cfg.SOLVER.META_MOMENTUM)
         self.step_ratio = [cfg.MODEL.BACKBONE.ADAPTOR_STEP_RATIO if "adaptor" in n else 1.0 for n in self.param_names]
         self.classifier_index = self._classifier_index()
 
-        self.iters_per_epoch = data.iters_per_epoch(cfg)
+        self.iters_per_epoch = self.data.iters_per_epoch(cfg)
         self.max_iter = int(cfg.SOLVER.MAX_EPOCH) * self.iters_per_epoch
-        self.schedule = LRSchedule.from_config(cfg.SOLVER, cfg.SOLVER.BASE_LR, self.iters_per_epoch)
-        self.meta_rng = np.random.RandomState(int(cfg.SEED) + 1)
-        self.offsets = list(data.offsets)
-        # the differentiated step functions, built once from the config; compiled with MODEL.JIT on MindSpore
-        # (the basic step shares its graph with the meta-train step only where there are meta steps: without
-        # them the meta objective would be computed in every basic step for nothing)
-        shared_graph = bool(cfg.MODEL.JIT_SHARED_GRAPH) and self.meta
-        self.steps = StepFunctions(self.model, self.param_names, self.params, loss_settings(cfg), self.offsets,
-                                   self.num_splits, compiled, chunk_forwards, shared_graph)
+        self.schedule = self.build_schedule(cfg)
+        self.meta_rng = np.random.RandomState(int(cfg.SEED) + 1)   # the meta-test draws, apart from numpy's global RNG
+        self.offsets = list(self.data.offsets)
+        self.steps = self.build_step_functions(cfg)
         self.start_iter = 0
         self.iter = 0
         self.step_log = []       # (iteration, kind, total loss) of every step: the loss trajectory
         self._hook_states = {}   # hook class name -> state from the resumed checkpoint
         if state is not None:
             self._restore(state, state_path)
+
+    # ------------------------------------------------------------------ building
+    def build_data(self, cfg, state=None):
+        """The training streams (`reid.data.build.TrainData`): the combined stream of the basic steps and one
+        stream per source domain for the meta steps, this rank's shard, continued from a resumed `state`."""
+        from reid.data.build import TrainData
+        return TrainData(cfg, consumed=state.get("data") if state else None,
+                         shard=(self.dist.rank, self.dist.world_size))
+
+    def build_model(self, cfg):
+        """The network of `cfg` on the configured device (its initial weights drawn from numpy's global RNG);
+        `__init__` then loads MODEL.WEIGHTS unless resuming."""
+        return compat.to_device(modeling.build_model(cfg))
+
+    def build_optimizers(self, cfg):
+        """(basic-step SGD, meta-step SGD with momentum META_MOMENTUM, parameter names in the optimizers' flat
+        order): fast-reid's per-parameter lr and weight-decay groups over the trainable parameters, the same
+        groups for both."""
+        norm_names = {"%s.%s" % (mod_name, p_name) if mod_name else p_name
+                      for mod_name, mod in self.model.named_modules()
+                      if isinstance(mod, (MetaBatchNorm, MetaInstanceNorm))
+                      for p_name, _ in mod.named_parameters(recurse=False)}
+        trainable = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        groups, names = param_groups(trainable, cfg.SOLVER, norm_names)
+        optimizer = SGD(groups, lr=cfg.SOLVER.BASE_LR, momentum=cfg.SOLVER.MOMENTUM, nesterov=cfg.SOLVER.NESTEROV)
+        meta_groups, _ = param_groups(trainable, cfg.SOLVER, norm_names)   # its own group dicts, the same values
+        optimizer_meta = SGD(meta_groups, lr=cfg.SOLVER.BASE_LR, momentum=cfg.SOLVER.META_MOMENTUM)
+        return optimizer, optimizer_meta, names
+
+    def build_schedule(self, cfg):
+        """The learning rate as a function of the iteration, shared by both optimizers (warmup, then cosine or
+        multistep per epoch)."""
+        return LRSchedule.from_config(cfg.SOLVER, cfg.SOLVER.BASE_LR, self.iters_per_epoch)
+
+    def build_step_functions(self, cfg):
+        """The differentiated step functions (reid/engine/steps.py), built once from the config: compiled with
+        MODEL.JIT on MindSpore. The basic step shares its graph with the meta-train step only where there are
+        meta steps: without them the meta objective would be computed in every basic step for nothing."""
+        shared_graph = bool(cfg.MODEL.JIT_SHARED_GRAPH) and self.meta
+        return StepFunctions(self.model, self.param_names, self.params, loss_settings(cfg), self.offsets,
+                             self.num_splits, self.compiled, self.chunk_forwards, shared_graph)
+
+    def build_hooks(self, evaluate_fn=None, progress=True):
+        """The standard hooks (reid/engine/hooks.py `default_hooks`): progress bar, weight average, evaluator
+        (with `evaluate_fn`), metrics log, checkpointer, curve plot; register them with `register_hooks`."""
+        return default_hooks(self, evaluate_fn, progress=progress)
 
     # ------------------------------------------------------------------ parameters
     def _classifier_index(self):
@@ -182,15 +220,11 @@ class Trainer(TrainLoop):
         return grads
 
     # ------------------------------------------------------------------ steps
-    def _step_loss(self, kind, batch, domains, fast=None):
-        """(loss, terms, grads) of one step kind on `batch` (fast: fast-weight steps for the meta-test).
-        `domains`: the batch's domain ids in numpy (read once per batch: the step functions read no labels)."""
-        return self._step_fn(kind, batch, chunk_domains(domains, self.num_splits), fast)
-
-    def _step_fn(self, kind, batch, present, fast=None):
-        """The step function of (kind, per-chunk domains) on `batch`: op by op or compiled (MODEL.JIT), cached
-        per (kind, present) in `self.steps` (reid/engine/steps.py)."""
-        return self.steps(kind, batch, present, fast)
+    def _run_step_function(self, kind, batch, domains, fast=None):
+        """(loss, terms, grads) of one step kind on `batch` (`fast`: the fast-weight steps of a meta-test step).
+        `domains`: the batch's domain ids in numpy, read once per batch, so that the step functions read no
+        labels on the host."""
+        return self.steps(kind, batch, chunk_domains(domains, self.num_splits), fast)
 
     def _check(self, loss, kind):
         if not _finite(loss):
@@ -208,7 +242,7 @@ class Trainer(TrainLoop):
     def basic_step(self):
         batch = next(self.data.combined)
         domains = compat.to_numpy(batch["domains"])
-        loss, terms, grads = self._step_loss("basic", batch, domains)
+        loss, terms, grads = self._run_step_function("basic", batch, domains)
         loss, terms, grads = self.dist.average_step(loss, terms, grads)  # data parallel: mean over ranks
         self._check(loss, "basic")
         absent = [d for d in range(len(self.offsets)) if d not in set(domains.tolist())]
@@ -219,8 +253,8 @@ class Trainer(TrainLoop):
 
     def fast_weight_steps(self, grads):
         """α·r·g per parameter, α the meta optimizer's lr of this iteration. First-order without a `.detach()`:
-        the gradients come without a graph (compat/autograd.py); on MindSpore a detach before the product made
-        this ~7x slower (44-57 ms against 6-8 ms per 150 tensors)."""
+        the gradients come without a graph (compat/autograd.py), and on MindSpore a detach before the product
+        costs several times the product itself (docs/performance.md#step-profile)."""
         alpha = self.schedule.lr_at(self.iter)
         return [g * (alpha * r) for g, r in zip(grads, self.step_ratio)]
 
@@ -237,14 +271,15 @@ class Trainer(TrainLoop):
         mte_domains = np.full(int(mte["domains"].shape[0]), test_domain)
         mtr_domains, mte_domains = self.dist.chunk_array(mtr_domains), self.dist.chunk_array(mte_domains)
 
-        loss_mtr, terms_mtr, g_mtr = self._step_loss("mtrain", mtr, mtr_domains)
+        loss_mtr, terms_mtr, g_mtr = self._run_step_function("mtrain", mtr, mtr_domains)
         loss_mtr, terms_mtr, g_mtr = self.dist.average_step(loss_mtr, terms_mtr, g_mtr)
         self._check(loss_mtr, "meta-train")
         steps = self.fast_weight_steps(g_mtr)
-        loss_mte, terms_mte, g_mte = self._step_loss("mtest", mte, mte_domains, fast=steps)
+        loss_mte, terms_mte, g_mte = self._run_step_function("mtest", mte, mte_domains, fast=steps)
         loss_mte, terms_mte, g_mte = self.dist.average_step(loss_mte, terms_mte, g_mte)
         self._check(loss_mte, "meta-test")
         grads = [a + b for a, b in zip(g_mtr, g_mte)]
+        # every domain counts as absent: no classifier is reached by the meta losses (single-device semantics)
         self.optimizer_meta.step(self._clip(self._drop_unused(grads, range(num_domains))))
         self.step_log.append((self.iter, "meta", _scalar(loss_mtr) + _scalar(loss_mte)))
         # each step's terms under its own prefix: both have cluster terms (loss_intra, loss_inter) of the same name

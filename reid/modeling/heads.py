@@ -42,7 +42,7 @@ class MetaEmbeddingHead(nn.Module):
             raise UserError("MODEL.HEADS.POOL_LAYER must be one of %s, got %r" % (", ".join(POOL_LAYERS), pool))
         self.feat_dim, self.scale = feat_dim, float(scale)
         self.pool = GeM(gem_p) if pool == "gem" else AvgPool()
-        self.bottleneck = MetaBatchNorm(feat_dim, bias_freeze=True)
+        self.bottleneck = MetaBatchNorm(feat_dim, bias_freeze=True)   # BNNeck: its bias stays 0, as the original's
         self.classifiers = nn.ModuleList(
             [MetaLinear(feat_dim, n, weight=np.random.normal(0.0, 0.01, (n, feat_dim))) for n in self.num_classes])
         self.center = MetaCenters(feat_dim, sum(self.num_classes)) if with_centers else None

@@ -79,7 +79,9 @@ class ExpertBottleneck(nn.Module):
             raise UserError("CODE block with %d channels cannot hold %d experts; make BASE_WIDTH a multiple of "
                             "MODEL.BACKBONE.NUM_EXPERTS" % (channels, num_experts))
         self.channels, self.num_experts = channels, num_experts
+        # declared grouped over K*C inputs, the original's parameter shape; forward applies it ungrouped to x
         self.conv1 = MetaConv2d(channels * num_experts, planes, 1, groups=num_experts)
+        # an IBN over all p channels: experts 0..K/2-1 get instance norm, the rest batch norm (the original's quirk)
         self.bn1 = MetaIBN(planes) if with_ibn else MetaBatchNorm(planes)
         self.conv2 = MetaConv2d(planes, planes, 3, padding=1, groups=num_experts)
         self.bn2 = MetaBatchNorm(planes)
@@ -88,7 +90,7 @@ class ExpertBottleneck(nn.Module):
 
     def forward(self, x):
         n, c, h, w = x.shape
-        out = F.relu(self.bn1(F.conv2d(x, self.conv1._get("weight"))))
+        out = F.relu(self.bn1(F.conv2d(x, self.conv1._get("weight"))))   # = the grouped conv1 on x repeated K times
         out = F.relu(self.bn2(self.conv2(out)))
         out = self.bn3(self.conv3(out)).reshape(n, self.num_experts, c, h, w)
         return F.relu(out + x.reshape(n, 1, c, h, w).expand_as(out))
