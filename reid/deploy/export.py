@@ -124,6 +124,7 @@ def export_model(cfg, output, fmt=None, batch=1, check=True, model=None):
         "output": {"shape": [None if dynamic else batch, int(eager.shape[1])],
                    "content": "BNNeck feature (running statistics), compared by TEST.METRIC",
                    "metric": cfg.TEST.METRIC},
+        "test_flip": bool(cfg.TEST.FLIP),    # test.py's TEST.FLIP: average each image's feature with its mirror's
         "dynamic_batch": dynamic,
         "batch": None if dynamic else batch,
         "opset": onnx_opset(output) if fmt == "onnx" else None,

@@ -133,10 +133,10 @@ def reference_rows(cfg, reference, evaluated=None, label=None):
     return rows
 
 
-def write_json(path, data):
+def write_json(path, data, sort_keys=True):
     """Atomic write of a JSON file (a crash leaves the old file or the new one, never half of one)."""
     with open(path + ".tmp", "w") as fh:
-        json.dump(data, fh, indent=2, sort_keys=True)
+        json.dump(data, fh, indent=2, sort_keys=sort_keys)
     os.replace(path + ".tmp", path)
 
 
