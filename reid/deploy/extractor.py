@@ -14,8 +14,9 @@ on the engine picked:
 
   eager     the network with MODEL.WEIGHTS, op by op
   compiled  the same network compiled (MindSpore graph mode, test.py's TEST.JIT path, kept in the compile cache)
-  onnx      an exported .onnx file in onnxruntime (either backend)
-  mindir    an exported .mindir file as a MindSpore GraphCell (MindSpore backend)
+  onnx      an exported .onnx file in onnxruntime (either backend); given weights, the network is exported
+            once into OUTPUT_DIR/deploy_cache (tools/export.py's code) and that file runs
+  mindir    an exported .mindir file as a MindSpore GraphCell (MindSpore backend), likewise
   auto      the fastest of these for what was given (`default_engine`, measured by bench/infer.py)
 
 An exported file needs no config: its sidecar gives the input size (TEST.FLIP then comes from the sidecar, or
@@ -163,21 +164,37 @@ class FeatureExtractor:
     # ------------------------------------------------------------------------------------------- building
     def _from_weights(self, cfg, engine, flip):
         from reid.runtime import build_eval_model
-        if engine in ("onnx", "mindir"):
-            raise UserError("engine %s runs an exported file: give it (model=path/to/model%s, --model on the command "
-                            "line; tools/export.py writes it), or use engine eager%s" % (
-                                engine, ".onnx" if engine == "onnx" else ".mindir",
-                                " / compiled" if self.backend == "mindspore" else ""))
         self.engine = default_engine("weights", self.backend) if engine == "auto" else engine
         if self.engine == "compiled" and self.backend != "mindspore":
             raise UserError("engine compiled is MindSpore's graph mode; on the torch backend use engine eager (or "
                             "--backend mindspore)")
         self.cfg, self.sidecar, self.model_path = cfg, None, None
         self.flip = bool(cfg.TEST.FLIP) if flip is None else bool(flip)
-        self.net = build_eval_model(cfg)
+        net = build_eval_model(cfg)      # checks the weights file and that it fits the config
         weights = cfg.MODEL.WEIGHTS
         self.identity = {"kind": "weights", "weights": os.path.abspath(weights), "weights_sha256": file_sha256(weights),
                          "config_sha256": _text_sha256(feature_config(self._flip_cfg(cfg)))}
+        if self.engine in ("onnx", "mindir"):
+            from reid.deploy.export import ExportedModel
+            self.model_path = self._exported(cfg, self.engine, net)
+            net = ExportedModel(self.model_path, self.engine)
+            self.sidecar = net.sidecar
+        self.net = net
+
+    def _exported(self, cfg, fmt, model):
+        """`model` (cfg's, with its weights) exported to `fmt` once and kept in OUTPUT_DIR/deploy_cache under a
+        name that hashes the weights, the feature config and the framework, so that a later extractor of the
+        same model loads the file. MindSpore writes fixed-batch files: batch 1, so that a single query costs
+        one image (the file then runs image by image)."""
+        from compat.export import check_format, framework_version
+        from reid.deploy.export import SUFFIX, export_model
+        check_format(fmt)
+        key = _text_sha256(json.dumps([self.identity["weights_sha256"], self.identity["config_sha256"],
+                                       self.backend, framework_version(), fmt]))[:16]
+        path = os.path.join(cfg.OUTPUT_DIR, "deploy_cache", "model-%s%s" % (key, SUFFIX[fmt]))
+        if not (os.path.exists(path) and os.path.exists(path + ".json")):   # the sidecar is written last
+            export_model(cfg, path, fmt, batch=1, model=model)
+        return path
 
     def _flip_cfg(self, cfg):
         if bool(cfg.TEST.FLIP) == self.flip:
