@@ -21,9 +21,9 @@ def synth_root(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def retrieval_world(tmp_path_factory, synth_root):
-    """The synthetic target (SynthD) copied as a plain folder tree of query/ and bounding_box_test/, with two
-    weights files calibrated on its training images (tests/test_retrieval.py make_weights): the demo ACL
-    network's ("acl") and the demo-width ResNet-50-IBN-a baseline's ("baseline")."""
+    """The synthetic target (SynthD) copied as a plain folder tree of query/ and bounding_box_test/, the
+    training images weights are calibrated on (tests/test_retrieval.py make_weights), and the demo-width
+    ResNet-50-IBN-a baseline's weights ("baseline")."""
     import glob
     import os
     import shutil
@@ -33,7 +33,6 @@ def retrieval_world(tmp_path_factory, synth_root):
     for sub in ("query", "bounding_box_test"):
         shutil.copytree(os.path.join(domain, sub), str(root / "plain" / sub))
     train = sorted(glob.glob(os.path.join(domain, "bounding_box_train", "*.jpg")))[::2]
-    return {"root": root, "data": synth_root, "query": str(root / "plain" / "query"),
+    return {"root": root, "data": synth_root, "query": str(root / "plain" / "query"), "train": train,
             "gallery": str(root / "plain" / "bounding_box_test"),
-            "acl": make_weights(root / "acl.pth", calibrate_on=train),
             "baseline": make_weights(root / "baseline.pth", BASELINE, calibrate_on=train)}

@@ -15,12 +15,16 @@ import pytest
 
 from compat.errors import UserError
 from tests.crossenv import PYTHONS, ROOT, active_backend, require_backend
-from tests.test_retrieval import DEMO, opts_for
+from tests.test_retrieval import DEMO, make_weights, opts_for
 
 
 @pytest.fixture(scope="module")
 def world(retrieval_world):
-    return retrieval_world
+    """retrieval_world plus the demo ACL network's weights ("acl"), calibrated the same way."""
+    root = retrieval_world["root"]
+    if not os.path.exists(str(root / "acl.pth")):
+        make_weights(root / "acl.pth", calibrate_on=retrieval_world["train"])
+    return dict(retrieval_world, acl=str(root / "acl.pth"))
 
 
 def tool(name):

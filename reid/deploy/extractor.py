@@ -38,12 +38,18 @@ _NOT_IN_FEATURES = ("WEIGHTS", "DEVICE", "JIT", "JIT_SHARED_GRAPH", "JIT_HELPER_
                     "COMPILE_CACHE", "NUM_SPLITS", "CHUNK_FORWARDS", "LOSSES")
 
 
-def default_engine(given, backend):
-    """The engine `auto` picks: an exported file runs in its own format; weights run compiled on MindSpore
-    (the compiled forward extracts faster than op by op at every size bench/infer.py measures) and eagerly on
-    torch (its only engine for weights)."""
+def default_engine(given, backend, onnxruntime=None):
+    """The engine `auto` picks. An exported file runs in its own format. Given weights: ONNX Runtime on a file
+    exported from them once (bench/infer.py: the fastest engine at both sizes and batch sizes, on both
+    backends; the export costs about what building the compiled graph costs, and is kept) where onnxruntime
+    is installed, else the compiled graph on MindSpore and op by op on torch."""
     if given in ("onnx", "mindir"):
         return given
+    if onnxruntime is None:
+        import importlib.util
+        onnxruntime = importlib.util.find_spec("onnxruntime") is not None
+    if onnxruntime:
+        return "onnx"
     return "compiled" if backend == "mindspore" else "eager"
 
 
@@ -193,7 +199,12 @@ class FeatureExtractor:
                                        self.backend, framework_version(), fmt]))[:16]
         path = os.path.join(cfg.OUTPUT_DIR, "deploy_cache", "model-%s%s" % (key, SUFFIX[fmt]))
         if not (os.path.exists(path) and os.path.exists(path + ".json")):   # the sidecar is written last
-            export_model(cfg, path, fmt, batch=1, model=model)
+            try:
+                export_model(cfg, path, fmt, batch=1, model=model)
+            except OSError as exc:
+                raise UserError("cannot write the %s file of engine %s to %s (%s); set OUTPUT_DIR to a writable "
+                                "folder or pick another engine" % (fmt, fmt, os.path.dirname(path),
+                                                                   exc.strerror or exc)) from None
         return path
 
     def _flip_cfg(self, cfg):
