@@ -38,7 +38,7 @@ def build_parser():
     p.add_argument("--aqe", action="store_true", help="average query expansion (TEST.AQE.QE_TIME/QE_K/ALPHA)")
     p.add_argument("--method", choices=METHODS, default="exact",
                    help="exact (default, numpy, bounded memory), faiss-flat (exact), faiss-ivf (approximate)")
-    p.add_argument("--nlist", type=int, default=None, help="faiss-ivf clusters (default 4 sqrt(gallery size))")
+    p.add_argument("--nlist", type=int, default=None, help="faiss-ivf clusters (default sqrt(gallery size))")
     p.add_argument("--nprobe", type=int, default=16, help="faiss-ivf clusters searched per query (default 16)")
     p.add_argument("--query-labels", default=None, metavar="CSV",
                    help="query ids as rows path,pid,camid (paths relative to the --query folder)")

@@ -7,7 +7,7 @@ evaluation breaks them.
 Exact search never holds the query x gallery matrix: queries go in blocks, and for each block the gallery is
 scanned in blocks; every gallery block gives its own top-k (a partial selection, reid.evaluation.rerank's
 `topk_stable`), merged into the running top-k. Memory: the gallery itself plus one block of scores and one
-float32 copy of a gallery block (`block_elements` scores, 64 MB by default).
+float32 copy of a gallery block (each at most `block_elements` values, 16 MB by default).
 
 Filters (`exclude`): "camera" leaves out the gallery images taken by the query's camera; "protocol" is the
 evaluation protocol of test.py: the gallery images of the query's identity taken by its camera, and junk
@@ -25,7 +25,7 @@ from reid.deploy.gallery import UNKNOWN
 
 FILTERS = ("none", "camera", "protocol")
 METHODS = ("exact", "faiss-flat", "faiss-ivf")
-DEFAULT_BLOCK_ELEMENTS = 1 << 24
+DEFAULT_BLOCK_ELEMENTS = 1 << 22
 QUERY_BLOCK = 1024
 JUNK_PID = -1
 
@@ -61,16 +61,18 @@ def _merge(idx, scores, new_idx, new_scores, k):
     return np.take_along_axis(idx, order, 1), np.take_along_axis(scores, order, 1)
 
 
-def topk_blocks(num_queries, num_gallery, score_block, k, exclude=None, block_elements=DEFAULT_BLOCK_ELEMENTS):
+def topk_blocks(num_queries, num_gallery, score_block, k, exclude=None, block_elements=DEFAULT_BLOCK_ELEMENTS,
+                max_rows=None):
     """(indices (Q, k) int64, scores (Q, k) float32) of the k best gallery items per query, where
-    score_block(q0, q1, g0, g1) gives the float32 scores of a block. Rows with fewer than k items left after
-    `exclude` are padded with index -1 and score -inf."""
+    score_block(q0, q1, g0, g1) gives the float32 scores of a block (at most `block_elements` of them, and at
+    most `max_rows` gallery items). Rows with fewer than k items left after `exclude` are padded with index -1
+    and score -inf."""
     from reid.evaluation.rerank import topk_stable
     k = int(k)
     if k < 1:
         raise UserError("--topk must be at least 1, got %d" % k)
     qb = max(1, min(num_queries, QUERY_BLOCK))
-    gb = max(k, int(block_elements) // qb)
+    gb = max(k, min(int(block_elements) // qb, int(max_rows or num_gallery)), 1)
     out_idx = np.full((num_queries, min(k, num_gallery)), -1, np.int64)
     out_sc = np.full(out_idx.shape, -np.inf, np.float32)
     for q0 in range(0, num_queries, qb):
@@ -97,7 +99,9 @@ def exact_search(queries, gallery, k, exclude=None, block_elements=DEFAULT_BLOCK
 
     def score_block(q0, q1, g0, g1):
         return queries[q0:q1] @ np.asarray(gallery[g0:g1], np.float32).T
-    return topk_blocks(len(queries), len(gallery), score_block, k, exclude, block_elements)
+    # a gallery block is also copied to float32 when stored otherwise: at most block_elements values too
+    rows = max(int(k), int(block_elements) // max(1, queries.shape[1]))
+    return topk_blocks(len(queries), len(gallery), score_block, k, exclude, block_elements, max_rows=rows)
 
 
 def _check_dims(queries, gallery):
@@ -117,7 +121,8 @@ def import_faiss():
 
 def build_faiss(gallery, method="faiss-flat", nlist=None, train_size=None, seed=0):
     """A faiss inner-product index of `gallery`, added in blocks (faiss keeps its own float32 copy). IVF:
-    `nlist` clusters (default 4 x sqrt(G)), trained on `train_size` sampled rows (default 40 per cluster)."""
+    `nlist` clusters (default sqrt(G): its k-means and the assignment of every row cost G x nlist x D, minutes
+    at a million rows on 2 cores), trained on `train_size` sampled rows (default 40 per cluster)."""
     faiss = import_faiss()
     if method not in METHODS[1:]:
         raise UserError("unknown faiss method %r; use %s" % (method, " or ".join(METHODS[1:])))
@@ -125,7 +130,7 @@ def build_faiss(gallery, method="faiss-flat", nlist=None, train_size=None, seed=
     if method == "faiss-flat":
         index = faiss.IndexFlatIP(d)
     else:
-        nlist = int(nlist or max(1, min(n // 39, int(4 * np.sqrt(n)))))
+        nlist = int(nlist or max(1, min(n // 39, int(np.sqrt(n)))))
         index = faiss.IndexIVFFlat(faiss.IndexFlatIP(d), d, nlist, faiss.METRIC_INNER_PRODUCT)
         count = min(n, int(train_size or 40 * nlist))
         rows = np.sort(np.random.default_rng(seed).choice(n, count, replace=False))
