@@ -35,6 +35,11 @@ API = "API default"
 def measure(width, depth, height, batches, repeats):
     """{batch: {engine: seconds per batch}} on the active backend, the setup (export / compile) times, each
     file's largest difference from the eager features, and the engine the API picks."""
+    with tempfile.TemporaryDirectory(prefix="bench-infer-") as tmp:
+        return _measure(tmp, width, depth, height, batches, repeats)
+
+
+def _measure(tmp, width, depth, height, batches, repeats):
     import time
 
     import compat
@@ -44,7 +49,6 @@ def measure(width, depth, height, batches, repeats):
     from reid.evaluation.extract import _compiled_forward
     from reid.modeling import build_model
 
-    tmp = tempfile.mkdtemp(prefix="bench-infer-")
     cfg = get_cfg()
     cfg.MODEL.BACKBONE.BASE_WIDTH = width
     cfg.MODEL.BACKBONE.DEPTH = depth

@@ -13,7 +13,7 @@ planted near-duplicates of each query at cosine similarities from ~0.95 to ~0.45
 is ~0 +- 0.02), so that every query has a true top-10 for the approximate index to find. "exact, float16" is
 our search over a float16 gallery (tools/index.py --float16: half the memory).
 
-    python bench/search.py [--sizes 100k,1m] [--queries 500] [--nprobe 16,64]
+    python bench/search.py [--sizes 100k,1m] [--queries 200] [--nprobe 16,64,256]
 """
 import os
 import sys
@@ -132,8 +132,8 @@ def main():
     import argparse
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="100k,1m", help="comma-separated: %s" % ", ".join(SIZES))
-    parser.add_argument("--queries", type=int, default=500)
-    parser.add_argument("--nprobe", default="16,64", help="faiss-ivf clusters searched per query (comma-separated)")
+    parser.add_argument("--queries", type=int, default=200)
+    parser.add_argument("--nprobe", default="16,64,256", help="faiss-ivf clusters searched per query (comma-separated)")
     args = parser.parse_args()
     nprobe = [int(v) for v in args.nprobe.split(",") if v]
     for size in args.sizes.split(","):
