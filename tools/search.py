@@ -136,10 +136,11 @@ def main(argv=None):
     kind = ranked["value"]
     results = []
     for q, ((path, _), idx, values) in enumerate(zip(files, ranked["indices"], ranked["values"])):
-        entry = {"query": path, "matches": []}
+        entry = {"query": path}
         for name, ids in (("pid", q_pids), ("camid", q_camids)):
             if ids[q] != UNKNOWN:
                 entry[name] = int(ids[q])
+        entry["matches"] = []
         for j, v in zip(idx, values):
             if j < 0:
                 break
