@@ -357,6 +357,12 @@ def test_search_refuses_another_model_and_finds_moved_images(world, acl_index, t
     search(["--index", str(moved), "--query", query, "--output", out, "--vis", str(tmp_path / "v"), "--gallery",
             str(new_root), "--engine", "eager", "--no-progress"])
     assert len(os.listdir(str(tmp_path / "v"))) == 1
+    from reid.deploy import FeatureExtractor
+    from reid.deploy.gallery import build_index
+    extractor = FeatureExtractor(config=DEMO, opts=opts_for(world, "acl"), engine="eager")
+    again, report = build_index(extractor, str(new_root), previous=index)     # re-indexed where it is now
+    assert (report["reused"], report["extracted"]) == (69, 0) and again.root == str(new_root)
+    assert np.array_equal(again.features, index.features)
     (tmp_path / "noimages").mkdir()
     (tmp_path / "noimages" / "notes.txt").write_text("x")
     with pytest.raises(UserError, match=r"query folder .*noimages holds no images \(only 1 other file"):

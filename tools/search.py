@@ -132,7 +132,6 @@ def main(argv=None):
                           options["aqe"], args.nlist, args.nprobe)
 
     root = os.path.abspath(args.gallery) if args.gallery else index.root
-    gallery = index.records(root)
     kind = ranked["value"]
     results = []
     for q, ((path, _), idx, values) in enumerate(zip(files, ranked["indices"], ranked["values"])):
@@ -144,8 +143,9 @@ def main(argv=None):
         for j, v in zip(idx, values):
             if j < 0:
                 break
-            match = {"path": gallery[j][0], kind: round(float(v), 6)}
-            match.update({k: val for k, val in (("pid", gallery[j][1]), ("camid", gallery[j][2])) if val is not None})
+            path, pid, camid = index.record(j, root)
+            match = {"path": path, kind: round(float(v), 6)}
+            match.update({k: val for k, val in (("pid", pid), ("camid", camid)) if val is not None})
             entry["matches"].append(match)
         results.append(entry)
     csv_path = write_results(args.output, results, kind)

@@ -129,6 +129,8 @@ class FeatureExtractor:
             raise UserError("unknown engine %r; use one of: %s" % (engine, ", ".join(ENGINES)))
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
             raise UserError("the batch size must be a positive integer, got %r" % (batch_size,))
+        if weights and model:
+            raise UserError("give the weights (with their config) or an exported model file, not both")
         opts = list(opts or [])
         if weights:
             opts += ["MODEL.WEIGHTS", str(weights)]
@@ -240,7 +242,8 @@ class FeatureExtractor:
         """What made the features, for an index file: identity (hashes), engine, feature size, sidecar."""
         return dict(self.identity, identity_version=IDENTITY_VERSION, engine=self.engine, backend=self.backend,
                     feature_size=self.feature_size, image_size=list(self.image_size), flip=self.flip,
-                    normalized=self.normalize, sidecar=self.sidecar, source=self.source)
+                    normalized=self.normalize, sidecar=self.sidecar, exported_file=self.model_path,
+                    source=self.source)
 
     # ------------------------------------------------------------------------------------------ extracting
     def __call__(self, inputs):

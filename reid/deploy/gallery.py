@@ -52,9 +52,9 @@ class GalleryIndex:
     def image_path(self, i, root=None):
         return os.path.join(root or self.root, *self.paths[i].split("/"))
 
-    def records(self, root=None):
-        """(path, pid, camid) per image, ids None where unknown (the records reid.evaluation.visualize draws)."""
-        return [(self.image_path(i, root), _known(self.pids[i]), _known(self.camids[i])) for i in range(len(self))]
+    def record(self, i, root=None):
+        """(path, pid, camid) of image i, ids None where unknown (a record reid.evaluation.visualize draws)."""
+        return self.image_path(i, root), _known(self.pids[i]), _known(self.camids[i])
 
 
 def _known(value):
@@ -173,6 +173,8 @@ def build_index(extractor, root, previous=None, labels=None, strict=False, dtype
     skip. `scan`: scan_gallery(root, strict) when the caller has it already."""
     if dtype not in DTYPES:
         raise UserError("features are stored as %s, not %r" % (" or ".join(DTYPES), dtype))
+    if not extractor.normalize:
+        raise UserError("an index holds L2-normalised features: build it with a FeatureExtractor(normalize=True)")
     root = os.path.abspath(root)
     rel_paths, others = scan or scan_gallery(root, strict)
     model = extractor.describe()
@@ -251,7 +253,8 @@ def save_index(index, path):
 
 
 def _damaged(path, why):
-    return UserError("%s is not a readable gallery index (%s); build it again with tools/index.py" % (path, why))
+    return UserError("%s is not a readable gallery index (%s); build it again with tools/index.py (--rebuild)"
+                     % (path, why))
 
 
 def load_index(path):
