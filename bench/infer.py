@@ -8,9 +8,12 @@ environment after the other, so they never share the CPU):
                  and weights), end to end from decoded HxWx3 uint8 images at the input size
 
 at demo size (BASE_WIDTH 8, DEPTH 26x, 64x32) and full size (BASE_WIDTH 64, DEPTH 50x, 256x128), at batch 1
-and 32 (MindSpore writes fixed-batch files: one export per batch). Prints images/s and the ratio to each
-backend's eager model; the last lines compare the API's default engine with torch eager at each size and
-batch. Exports and graph builds compile the network (minutes per file at full size on 2 cores).
+and 32 (MindSpore writes fixed-batch files: one export per batch), one process per backend and batch size
+(each engine built, timed and dropped in turn: at full size MindSpore's graphs take GBs each). The ONNX
+rows time the file the API exported (its deploy cache, shared by the runs). Prints images/s, the ratio to
+each backend's eager model and the process's peak RSS; the last lines compare the API's default engine with
+torch eager at each size and batch. Exports and graph builds compile the network (minutes per file at full
+size on 2 cores).
 
     python bench/infer.py [--sizes demo,full] [--batches 1,32] [--repeats 3]
 """
@@ -32,14 +35,12 @@ SIZES = {
 API = "API default"
 
 
-def measure(width, depth, height, batches, repeats):
-    """{batch: {engine: seconds per batch}} on the active backend, the setup (export / compile) times, each
-    file's largest difference from the eager features, and the engine the API picks."""
-    with tempfile.TemporaryDirectory(prefix="bench-infer-") as tmp:
-        return _measure(tmp, width, depth, height, batches, repeats)
-
-
-def _measure(tmp, width, depth, height, batches, repeats):
+def measure(width, depth, height, batch, repeats, folder):
+    """{engine: seconds per batch} on the active backend at one batch size, the setup (export / compile) times,
+    each file's largest difference from the eager features, and the engine the API picks. Each engine is built,
+    timed and dropped before the next, so that the process holds one at a time (at full size MindSpore's graphs
+    and exports take GBs each). `folder`: the weights and the API's deploy cache, shared by the runs."""
+    import gc
     import time
 
     import compat
@@ -57,66 +58,68 @@ def _measure(tmp, width, depth, height, batches, repeats):
     cfg.MODEL.NUM_SPLITS = 1
     cfg.MODEL.COMPILE_CACHE = "off"
     cfg.INPUT.SIZE_TEST = [height, height // 2]
-    cfg.OUTPUT_DIR = tmp
+    cfg.OUTPUT_DIR = folder
     size = (height, height // 2)
 
     def fresh():
         np.random.seed(0)
         return build_model(cfg).eval()
 
-    weights = os.path.join(tmp, "model.pth")
-    compat.checkpoint.save(compat.checkpoint.state_dict(fresh()), weights)
+    weights = os.path.join(folder, "model-%s-w%d-%s.pth" % (compat.BACKEND, width, depth))
+    if not os.path.exists(weights):
+        compat.checkpoint.save(compat.checkpoint.state_dict(fresh()), weights)
     cfg.MODEL.WEIGHTS = weights
+    images = example_images(batch, size, seed=1)
+    tensor = compat.as_tensor(images)
+    uint8 = [np.ascontiguousarray(img.transpose(1, 2, 0)).astype(np.uint8) for img in images]
+    seconds, setup, diffs, order = {}, {}, {}, []
+
+    def timed(name, call):
+        seconds.update(median_seconds([(name, call)], repeats))
+        order.append(name)
+        gc.collect()
+
     model = fresh()
-    setup, diffs, seconds = {}, {}, {}
+
+    def eager():
+        with compat.no_grad():
+            return compat.to_numpy(model(tensor))
+    reference = eager()
+    timed("eager", eager)
+    model = None     # each engine dropped before the next
+    if compat.IS_MINDSPORE:
+        start = time.perf_counter()
+        forward = _compiled_forward(fresh())
+        with compat.no_grad():
+            forward(tensor)
+        setup["compiled: graph build"] = time.perf_counter() - start
+
+        def compiled():
+            with compat.no_grad():
+                return compat.to_numpy(forward(tensor))
+        timed("compiled (TEST.JIT graph)", compiled)
+        forward = None
+        start = time.perf_counter()
+        path = os.path.join(folder, "bench-b%d.mindir" % batch)
+        export_model(cfg, path, "mindir", batch=batch, check=False, model=fresh())
+        setup["export mindir"] = time.perf_counter() - start
+        engine = ExportedModel(path)
+        diffs["mindir"] = float(np.abs(engine.run(images) - reference).max())
+        timed("MINDIR file (GraphCell)", lambda: engine.run(images))
+        engine = None
     start = time.perf_counter()
-    api = FeatureExtractor(config=cfg, engine="auto")
-    setup["%s (%s): build%s" % (API, api.engine, ", export" if api.model_path else "")] = time.perf_counter() - start
-    formats = ("mindir", "onnx") if compat.IS_MINDSPORE else ("onnx",)
-    files = {}
-    for batch in batches:
-        images = example_images(batch, size, seed=1)
-        tensor = compat.as_tensor(images)
-        uint8 = [np.ascontiguousarray(img.transpose(1, 2, 0)).astype(np.uint8) for img in images]
-
-        def eager():
-            with compat.no_grad():
-                return compat.to_numpy(model(tensor))
-        reference = eager()
-        calls = [("eager", eager)]
-        if compat.IS_MINDSPORE:
-            graph_model = fresh()
-            start = time.perf_counter()
-            forward = _compiled_forward(graph_model)
-            with compat.no_grad():
-                forward(tensor)
-            setup["compiled, batch %d: graph build" % batch] = time.perf_counter() - start
-
-            def compiled(forward=forward):
-                with compat.no_grad():
-                    return compat.to_numpy(forward(tensor))
-            calls.append(("compiled (TEST.JIT graph)", compiled))
-        for fmt in formats:
-            dynamic = not compat.IS_MINDSPORE
-            path = files.get(fmt) if dynamic else None
-            if path is None:
-                path = os.path.join(tmp, "acl-b%d.%s" % (batch, fmt))
-                start = time.perf_counter()
-                export_model(cfg, path, fmt, batch=batch, check=False, model=fresh())
-                setup["export %s%s" % (fmt, "" if dynamic else ", batch %d" % batch)] = time.perf_counter() - start
-                files[fmt] = path
-            engine = ExportedModel(path)
-            diffs[fmt] = max(diffs.get(fmt, 0.0), float(np.abs(engine.run(images) - reference).max()))
-            label = "MINDIR file (GraphCell)" if fmt == "mindir" else "ONNX file (onnxruntime)"
-            calls.append((label, lambda engine=engine: engine.run(images)))
-        api.batch_size = batch
-        calls.append(("%s (%s)" % (API, api.engine), lambda: api(uint8)))
-        seconds[batch] = median_seconds(calls, repeats)
-    result = {"seconds": seconds, "setup": {k: float(v) for k, v in setup.items()}, "diffs": diffs,
-              "api_engine": api.engine, "order": [name for name, _ in calls]}
+    api = FeatureExtractor(config=cfg, engine="auto", batch_size=batch)
+    setup["%s (%s): build, export unless cached" % (API, api.engine)] = time.perf_counter() - start
+    if api.model_path:    # the API's own file: dynamic batch (torch), or of this batch size (MindSpore)
+        engine = ExportedModel(api.model_path)
+        diffs["onnx"] = float(np.abs(engine.run(images) - reference).max())
+        timed("ONNX file (onnxruntime)", lambda: engine.run(images))
+        engine = None
+    name = "%s (%s)" % (API, api.engine)
+    timed(name, lambda: api(uint8))
     import onnxruntime
-    result["layer"] = layer_name() + ", onnxruntime %s" % onnxruntime.__version__
-    return result
+    return {"seconds": seconds, "setup": {k: float(v) for k, v in setup.items()}, "diffs": diffs, "order": order,
+            "api": name, "layer": layer_name() + ", onnxruntime %s" % onnxruntime.__version__}
 
 
 def main():
@@ -125,29 +128,30 @@ def main():
     args = size_args(__doc__, SIZES, extra=extra)
     batches = [int(b) for b in args.batches.split(",") if b]
     layers, summary = {}, []
-    for size in args.sizes.split(","):
-        spec = dict(SIZES[size], batches=batches, repeats=args.repeats)
-        got = on_both_backends("bench.infer:measure", spec)
-        print("%s: %s w%d %dx%d" % (size, spec["depth"], spec["width"], spec["height"], spec["height"] // 2))
-        for batch in batches:
-            base = {backend: batch / got[backend]["seconds"][batch]["eager"] for backend in got}
-            print("  batch %d" % batch)
-            for backend in ("mindspore", "torch"):
-                for name in got[backend]["order"]:
-                    rate = batch / got[backend]["seconds"][batch][name]
-                    print("    %-9s %-32s %9.1f images/s   x%6.2f vs eager MindSpore   x%6.2f vs eager torch"
-                          % (backend, name, rate, rate / base["mindspore"], rate / base["torch"]), flush=True)
-            for backend in ("mindspore", "torch"):
-                name = "%s (%s)" % (API, got[backend]["api_engine"])
-                rate = batch / got[backend]["seconds"][batch][name]
-                summary.append("%s batch %d: %s %s %.1f images/s, x%.2f torch eager (%.1f)" % (
-                    size, batch, backend, name, rate, rate / base["torch"], base["torch"]))
-        for backend in ("mindspore", "torch"):
-            layers[backend] = got[backend]["layer"]
-            for name, seconds in got[backend]["setup"].items():
-                print("  %-9s %-46s %7.1f s (once)" % (backend, name, seconds))
-            for fmt, diff in got[backend]["diffs"].items():
-                print("  %-9s %-46s max |file - eager| = %.2g" % (backend, fmt + " file", diff))
+    with tempfile.TemporaryDirectory(prefix="bench-infer-") as folder:
+        for size in args.sizes.split(","):
+            spec = SIZES[size]
+            print("%s: %s w%d %dx%d" % (size, spec["depth"], spec["width"], spec["height"], spec["height"] // 2))
+            for batch in batches:
+                got = on_both_backends("bench.infer:measure", dict(spec, batch=batch, repeats=args.repeats,
+                                                                    folder=folder))
+                base = {backend: batch / got[backend]["seconds"]["eager"] for backend in got}
+                print("  batch %d" % batch)
+                for backend in ("mindspore", "torch"):
+                    layers[backend] = got[backend]["layer"]
+                    for name in got[backend]["order"]:
+                        rate = batch / got[backend]["seconds"][name]
+                        print("    %-9s %-32s %9.1f images/s   x%6.2f vs eager MindSpore   x%6.2f vs eager torch   "
+                              "peak RSS %5.0f MB" % (backend, name, rate, rate / base["mindspore"],
+                                                      rate / base["torch"], got[backend]["peak_rss_mb"]), flush=True)
+                for backend in ("mindspore", "torch"):
+                    for name, seconds in got[backend]["setup"].items():
+                        print("    %-9s %-52s %7.1f s (once)" % (backend, name, seconds))
+                    for fmt, diff in got[backend]["diffs"].items():
+                        print("    %-9s %-52s max |file - eager| = %.2g" % (backend, fmt + " file", diff))
+                    rate = batch / got[backend]["seconds"][got[backend]["api"]]
+                    summary.append("%s batch %d: %s %s %.1f images/s, x%.2f torch eager (%.1f)" % (
+                        size, batch, backend, got[backend]["api"], rate, rate / base["torch"], base["torch"]))
     print("the API's default engine against torch eager:")
     for line in summary:
         print("  " + line)

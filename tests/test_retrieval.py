@@ -84,9 +84,9 @@ def reference(world):
 @pytest.mark.parametrize("engine", ["eager", "compiled", "onnx", "mindir"])
 def test_extractor_gives_test_py_features(world, reference, engine):
     """FeatureExtractor on the query images (paths, a folder, decoded arrays) gives test.py's features,
-    L2-normalised: eager and compiled to 1e-5, this backend's ONNX file (onnxruntime) and MINDIR file (fixed
-    batch 1) to 1e-4, each given the weights (exported once, then reused) and given the file; unnormalised on
-    request. The engines a backend lacks are one-line errors."""
+    L2-normalised: eager and compiled to 1e-5, this backend's ONNX file (onnxruntime) and MINDIR file (batch 1
+    on MindSpore: one export per case) to 1e-4, each given the weights (exported once, then reused) and given
+    the file; unnormalised on request. The engines a backend lacks are one-line errors."""
     import compat
     from reid.deploy import FeatureExtractor
     from reid.evaluation.distance import normalize
@@ -104,11 +104,11 @@ def test_extractor_gives_test_py_features(world, reference, engine):
             return
         # given the weights, the network is exported once into OUTPUT_DIR/deploy_cache (batch 1 on MindSpore,
         # dynamic on torch); given that file (and its sidecar), it runs without a config
-        from_weights = FeatureExtractor(config=DEMO, opts=opts_for(world), engine=engine)
+        from_weights = FeatureExtractor(config=DEMO, opts=opts_for(world), engine=engine, batch_size=1)
         path = from_weights.model_path
         assert path.startswith(str(world["root"] / "out" / "deploy_cache")) and path.endswith("." + engine)
         written = os.stat(path).st_mtime_ns
-        again = FeatureExtractor(config=DEMO, opts=opts_for(world), engine=engine)
+        again = FeatureExtractor(config=DEMO, opts=opts_for(world), engine=engine, batch_size=1)
         assert again.model_path == path and os.stat(path).st_mtime_ns == written     # reused, not re-exported
         assert np.abs(from_weights(reference["paths"][:3]) - normalize(reference["features"][:3])).max() <= 1e-4
         extractor = FeatureExtractor(model=path, batch_size=5)
@@ -136,6 +136,30 @@ def test_extractor_gives_test_py_features(world, reference, engine):
         raw = FeatureExtractor(config=DEMO, opts=opts_for(world), engine="eager", normalize=False)(arrays[:5])
         scale = np.abs(reference["features"]).max()
         assert np.abs(raw - reference["features"][:5]).max() <= 1e-5 * scale and scale > 1
+
+
+def test_fixed_batch_files_take_full_batches_and_the_rest_image_by_image():
+    """What the extractor runs on MindSpore given weights and engine onnx / mindir: a batch-B file for every full
+    batch of B, the batch-1 file for the rest; no padded image computed."""
+    from reid.deploy.extractor import FixedBatchFiles
+
+    class Fixed:
+        def __init__(self, batch):
+            self.batch, self.path, self.sidecar, self.calls = batch, "b%d" % batch, {}, []
+
+        def train(self, mode=True):
+            return self
+
+        def run(self, images):
+            assert len(images) % self.batch == 0
+            self.calls.append(len(images))
+            return images.reshape(len(images), -1)[:, :2] * 2
+    big, single = Fixed(4), Fixed(1)
+    files = FixedBatchFiles(big, single)
+    images = np.arange(11 * 3 * 2 * 2, dtype=np.float32).reshape(11, 3, 2, 2)
+    assert np.array_equal(files.run(images), images.reshape(11, -1)[:, :2] * 2)
+    assert big.calls == [8] and single.calls == [3]
+    assert np.array_equal(files.run(images[:2]), images[:2].reshape(2, -1)[:, :2] * 2) and single.calls == [3, 2]
 
 
 def test_default_engine_follows_what_is_given(world):

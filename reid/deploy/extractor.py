@@ -15,7 +15,8 @@ on the engine picked:
   eager     the network with MODEL.WEIGHTS, op by op
   compiled  the same network compiled (MindSpore graph mode, test.py's TEST.JIT path, kept in the compile cache)
   onnx      an exported .onnx file in onnxruntime (either backend); given weights, the network is exported
-            once into OUTPUT_DIR/deploy_cache (tools/export.py's code) and that file runs
+            once into OUTPUT_DIR/deploy_cache (tools/export.py's code) and that file runs (MindSpore: two
+            fixed-batch files, of the batch size and of batch 1)
   mindir    an exported .mindir file as a MindSpore GraphCell (MindSpore backend), likewise
   auto      the fastest of these for what was given (`default_engine`, measured by bench/infer.py)
 
@@ -111,6 +112,36 @@ def _image_size_cfg(size):
     return cfg
 
 
+class FixedBatchFiles:
+    """Two exported files of one network behind ExportedModel's interface: one of a fixed batch B for the full
+    batches of B images, one of batch 1 for the rest, image by image (no padding either way)."""
+
+    training = False
+
+    def __init__(self, big, single):
+        self.big, self.single = big, single
+        self.path, self.sidecar = big.path, big.sidecar
+
+    def eval(self):
+        return self
+
+    def train(self, mode=True):
+        self.big.train(mode)
+        return self
+
+    def run(self, images):
+        images = np.asarray(images, np.float32)
+        full = len(images) - len(images) % self.big.batch
+        parts = [self.big.run(images[:full])] if full else []
+        if full < len(images):
+            parts.append(self.single.run(images[full:]))
+        return np.concatenate(parts)
+
+    def __call__(self, images):
+        import compat
+        return compat.as_tensor(self.run(compat.to_numpy(images)))
+
+
 class FeatureExtractor:
     """Features of images from `config` (a config file or a loaded config) + `weights`, or from an exported
     `model` file (.onnx / .mindir with its sidecar, `config` optional). `opts`: config overrides [KEY, VALUE, ...].
@@ -183,26 +214,32 @@ class FeatureExtractor:
         self.identity = {"kind": "weights", "weights": os.path.abspath(weights), "weights_sha256": file_sha256(weights),
                          "config_sha256": _text_sha256(feature_config(self._flip_cfg(cfg)))}
         if self.engine in ("onnx", "mindir"):
+            from compat.export import check_format
             from reid.deploy.export import ExportedModel
-            self.model_path = self._exported(cfg, self.engine, net)
-            net = ExportedModel(self.model_path, self.engine)
-            self.sidecar = net.sidecar
+            check_format(self.engine)
+            # torch writes one dynamic-batch file; MindSpore fixed-batch ones: one of the batch size for full
+            # batches and one of batch 1 for the rest, so that neither a gallery nor a single query is padded
+            batches = [None] if self.backend != "mindspore" else sorted({self.batch_size, 1}, reverse=True)
+            files = [ExportedModel(self._exported(cfg, self.engine, batch, net if i == 0 else build_eval_model(cfg)),
+                                   self.engine) for i, batch in enumerate(batches)]
+            net = files[0] if len(files) == 1 else FixedBatchFiles(*files)
+            self.model_path, self.sidecar = files[0].path, files[0].sidecar
         self.net = net
 
-    def _exported(self, cfg, fmt, model):
-        """`model` (cfg's, with its weights) exported to `fmt` once and kept in OUTPUT_DIR/deploy_cache under a
-        name that hashes the weights, the feature config and the framework, so that a later extractor of the
-        same model loads the file. MindSpore writes fixed-batch files: batch 1, so that a single query costs
-        one image (the file then runs image by image)."""
-        from compat.export import check_format, framework_version
+    def _exported(self, cfg, fmt, batch, model):
+        """`model` (cfg's, with its weights; the export takes it over) exported to `fmt` (fixed `batch`, or
+        None: the framework's dynamic one) once, and kept in OUTPUT_DIR/deploy_cache under a name that hashes
+        the weights, the feature config, the framework and the batch, so that a later extractor of the same
+        model loads the file."""
+        from compat.export import framework_version
         from reid.deploy.export import SUFFIX, export_model
-        check_format(fmt)
         key = _text_sha256(json.dumps([self.identity["weights_sha256"], self.identity["config_sha256"],
                                        self.backend, framework_version(), fmt]))[:16]
-        path = os.path.join(cfg.OUTPUT_DIR, "deploy_cache", "model-%s%s" % (key, SUFFIX[fmt]))
+        name = "model-%s%s%s" % (key, "" if batch is None else "-b%d" % batch, SUFFIX[fmt])
+        path = os.path.join(cfg.OUTPUT_DIR, "deploy_cache", name)
         if not (os.path.exists(path) and os.path.exists(path + ".json")):   # the sidecar is written last
             try:
-                export_model(cfg, path, fmt, batch=1, model=model)
+                export_model(cfg, path, fmt, batch=batch or 1, model=model)
             except OSError as exc:
                 raise UserError("cannot write the %s file of engine %s to %s (%s); set OUTPUT_DIR to a writable "
                                 "folder or pick another engine" % (fmt, fmt, os.path.dirname(path),
