@@ -122,6 +122,30 @@ def test_faiss_flat_gives_the_exact_lists_and_ivf_finds_the_planted_neighbours()
     assert np.array_equal(np.sort(got, 1), np.sort(exact_search(queries, gallery, 5)[0], 1))
 
 
+def test_rerank_and_query_expansion_rank_as_test_py_does():
+    """rank_gallery's re-ranked and query-expanded lists are the orders of the distance matrices test.py's
+    evaluation computes with the same options (reid.evaluation.evaluate_features), camera filter applied."""
+    from reid.deploy.search import exclusion, rank_gallery
+    from reid.evaluation import evaluate_features
+    queries, gallery, rng = planted(num_queries=9, num_gallery=60, dim=16, seed=3)
+    q_ids, g_ids = rng.integers(0, 4, 9), rng.integers(0, 4, 60)
+    q_cams, g_cams = rng.integers(0, 3, 9), rng.integers(0, 3, 60)
+    rerank = dict(k1=6, k2=3, lambda_value=0.3)
+    aqe = dict(qe_times=1, qe_k=3, alpha=3.0)
+    for options in ({"rerank": rerank}, {"aqe": aqe}, {"rerank": rerank, "aqe": aqe}):
+        _, distmat = evaluate_features(queries, gallery, q_ids, g_ids, q_cams, g_cams, return_distmat=True, **options)
+        exclude = exclusion("camera", q_ids, q_cams, g_ids, g_cams)
+        got = rank_gallery(queries, gallery, 60, exclude, **options)
+        assert got["value"] == ("distance" if "rerank" in options else "score")
+        values = got["values"] if "rerank" in options else 1.0 - got["values"]
+        for q in range(9):
+            keep = np.flatnonzero(g_cams != q_cams[q])
+            want = keep[np.lexsort((keep, distmat[q, keep]))]
+            row = got["indices"][q][got["indices"][q] >= 0]
+            assert np.allclose(values[q][:len(row)], distmat[q, want], atol=1e-5), options
+            assert np.array_equal(row, want) or np.allclose(distmat[q, row], distmat[q, want], atol=1e-6), options
+
+
 def test_search_without_faiss_is_one_line(monkeypatch):
     import builtins
     from reid.deploy.search import import_faiss
@@ -351,6 +375,11 @@ def test_search_refuses_another_model_and_finds_moved_images(world, acl_index, t
     search(["--index", str(moved), "--query", query, "--output", out, "--topk", "3", "--engine", "eager",
             "--no-progress"])
     assert len(json.load(open(out))[0]["matches"]) == 3
+    search(["--index", str(moved), "--query", query, "--output", out, "--topk", "5", "--rerank", "--aqe", "--engine",
+            "eager", "--no-progress"])
+    distances = [m["distance"] for m in json.load(open(out))[0]["matches"]]
+    assert len(distances) == 5 and distances == sorted(distances)
+    assert open(out[:-5] + ".csv").readline().strip() == "query,rank,path,distance"
     with pytest.raises(UserError, match="the gallery moved since indexing\\? give its folder with --gallery DIR"):
         search(["--index", str(moved), "--query", query, "--output", out, "--vis", str(tmp_path / "v"),
                 "--engine", "eager", "--no-progress"])
