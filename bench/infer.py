@@ -8,12 +8,12 @@ environment after the other, so they never share the CPU):
                  and weights), end to end from decoded HxWx3 uint8 images at the input size
 
 at demo size (BASE_WIDTH 8, DEPTH 26x, 64x32) and full size (BASE_WIDTH 64, DEPTH 50x, 256x128), at batch 1
-and 32 (MindSpore writes fixed-batch files: one export per batch), one process per backend and batch size
-(each engine built, timed and dropped in turn: at full size MindSpore's graphs take GBs each). The ONNX
-rows time the file the API exported (its deploy cache, shared by the runs). Prints images/s, the ratio to
-each backend's eager model and the process's peak RSS; the last lines compare the API's default engine with
-torch eager at each size and batch. Exports and graph builds compile the network (minutes per file at full
-size on 2 cores).
+and 32 (MindSpore writes fixed-batch files: one export per batch), each engine in a process of its own (its
+peak RSS is its own; one stopped above MAX_RSS_MB is reported, not measured). The ONNX rows time the file the
+API exported (its deploy cache, shared by the runs). Prints images/s, the ratio to each backend's eager
+model, the peak RSS and the setup time; the last lines compare the API's default engine with torch eager at
+each size and batch. Exports and graph builds compile the network (a minute or more per file at full size
+on 2 cores).
 
     python bench/infer.py [--sizes demo,full] [--batches 1,32] [--repeats 3]
 """
@@ -26,7 +26,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from bench.timing import layer_name, median_seconds, on_both_backends, size_args  # noqa: E402
+from bench.timing import layer_name, median_seconds, run_isolated, size_args  # noqa: E402
 
 SIZES = {
     "demo": dict(width=8, depth="26x", height=64),
@@ -35,12 +35,20 @@ SIZES = {
 API = "API default"
 
 
-def measure(width, depth, height, batch, repeats, folder):
-    """{engine: seconds per batch} on the active backend at one batch size, the setup (export / compile) times,
-    each file's largest difference from the eager features, and the engine the API picks. Each engine is built,
-    timed and dropped before the next, so that the process holds one at a time (at full size MindSpore's graphs
-    and exports take GBs each). `folder`: the weights and the API's deploy cache, shared by the runs."""
-    import gc
+ENGINES = {"mindspore": ("eager", "compiled", "mindir", "api", "onnx"), "torch": ("eager", "api", "onnx")}
+LABELS = {"eager": "eager", "compiled": "compiled (TEST.JIT graph)", "mindir": "MINDIR file (GraphCell)",
+          "onnx": "ONNX file (onnxruntime)"}
+# A process whose resident memory passes this is stopped and its row says so (a MINDIR GraphCell of the full
+# network at batch 32 passed it on MindSpore 2.0); the machine's other jobs keep their memory
+MAX_RSS_MB = 12000
+
+
+def measure(engine, width, depth, height, batch, repeats, folder):
+    """Seconds per batch of one engine on the active backend (one process per engine, so that each row's peak
+    RSS is its own and one engine's memory cannot take the others down), its setup (export / compile) time and,
+    for a file, its largest difference from the eager features. "api": the FeatureExtractor's default engine,
+    end to end from uint8 images, which exports into `folder` (its deploy cache); "onnx" times the file it
+    wrote there (of this batch size on MindSpore, dynamic on torch). `folder` also holds the weights."""
     import time
 
     import compat
@@ -71,55 +79,41 @@ def measure(width, depth, height, batch, repeats, folder):
     cfg.MODEL.WEIGHTS = weights
     images = example_images(batch, size, seed=1)
     tensor = compat.as_tensor(images)
-    uint8 = [np.ascontiguousarray(img.transpose(1, 2, 0)).astype(np.uint8) for img in images]
-    seconds, setup, diffs, order = {}, {}, {}, []
+    out = {"setup": None, "diff": None, "label": LABELS.get(engine)}
 
-    def timed(name, call):
-        seconds.update(median_seconds([(name, call)], repeats))
-        order.append(name)
-        gc.collect()
-
-    model = fresh()
-
-    def eager():
+    def eager_features(model):
         with compat.no_grad():
             return compat.to_numpy(model(tensor))
-    reference = eager()
-    timed("eager", eager)
-    model = None     # each engine dropped before the next
-    if compat.IS_MINDSPORE:
-        start = time.perf_counter()
-        forward = _compiled_forward(fresh())
-        with compat.no_grad():
-            forward(tensor)
-        setup["compiled: graph build"] = time.perf_counter() - start
-
-        def compiled():
-            with compat.no_grad():
-                return compat.to_numpy(forward(tensor))
-        timed("compiled (TEST.JIT graph)", compiled)
-        forward = None
-        start = time.perf_counter()
-        path = os.path.join(folder, "bench-b%d.mindir" % batch)
-        export_model(cfg, path, "mindir", batch=batch, check=False, model=fresh())
-        setup["export mindir"] = time.perf_counter() - start
-        engine = ExportedModel(path)
-        diffs["mindir"] = float(np.abs(engine.run(images) - reference).max())
-        timed("MINDIR file (GraphCell)", lambda: engine.run(images))
-        engine = None
     start = time.perf_counter()
-    api = FeatureExtractor(config=cfg, engine="auto", batch_size=batch)
-    setup["%s (%s): build, export unless cached" % (API, api.engine)] = time.perf_counter() - start
-    if api.model_path:    # the API's own file: dynamic batch (torch), or of this batch size (MindSpore)
-        engine = ExportedModel(api.model_path)
-        diffs["onnx"] = float(np.abs(engine.run(images) - reference).max())
-        timed("ONNX file (onnxruntime)", lambda: engine.run(images))
-        engine = None
-    name = "%s (%s)" % (API, api.engine)
-    timed(name, lambda: api(uint8))
+    if engine == "eager":
+        model = fresh()
+        call = lambda: eager_features(model)   # noqa: E731
+    elif engine == "compiled":
+        forward = _compiled_forward(fresh())
+        call = lambda: eager_features(forward)   # noqa: E731
+        call()
+        out["setup"] = ("graph build", time.perf_counter() - start)
+    elif engine == "api":
+        api = FeatureExtractor(config=cfg, engine="auto", batch_size=batch)
+        out["setup"] = ("build, export unless cached", time.perf_counter() - start)
+        out["label"] = "%s (%s)" % (API, api.engine)
+        uint8 = [np.ascontiguousarray(img.transpose(1, 2, 0)).astype(np.uint8) for img in images]
+        call = lambda: api(uint8)   # noqa: E731
+    else:
+        if engine == "mindir":
+            path = os.path.join(folder, "bench-b%d.mindir" % batch)
+            export_model(cfg, path, "mindir", batch=batch, check=False, model=fresh())
+            out["setup"] = ("export", time.perf_counter() - start)
+        else:    # the API's file: it ran first
+            api = FeatureExtractor(config=cfg, engine="onnx", batch_size=batch)
+            path = api.model_path
+        file = ExportedModel(path)
+        out["diff"] = float(np.abs(file.run(images) - eager_features(fresh())).max())
+        call = lambda: file.run(images)   # noqa: E731
+    out["seconds"] = median_seconds([(engine, call)], repeats)[engine]
     import onnxruntime
-    return {"seconds": seconds, "setup": {k: float(v) for k, v in setup.items()}, "diffs": diffs, "order": order,
-            "api": name, "layer": layer_name() + ", onnxruntime %s" % onnxruntime.__version__}
+    out["layer"] = layer_name() + ", onnxruntime %s" % onnxruntime.__version__
+    return out
 
 
 def main():
@@ -133,25 +127,32 @@ def main():
             spec = SIZES[size]
             print("%s: %s w%d %dx%d" % (size, spec["depth"], spec["width"], spec["height"], spec["height"] // 2))
             for batch in batches:
-                got = on_both_backends("bench.infer:measure", dict(spec, batch=batch, repeats=args.repeats,
-                                                                    folder=folder))
-                base = {backend: batch / got[backend]["seconds"]["eager"] for backend in got}
+                got = {backend: {} for backend in ENGINES}
+                for backend, engines in ENGINES.items():
+                    for engine in engines:
+                        got[backend][engine] = run_isolated(backend, "bench.infer:measure", dict(
+                            spec, engine=engine, batch=batch, repeats=args.repeats, folder=folder),
+                            max_rss_mb=MAX_RSS_MB)
+                base = {backend: batch / got[backend]["eager"]["seconds"] for backend in got}
                 print("  batch %d" % batch)
-                for backend in ("mindspore", "torch"):
-                    layers[backend] = got[backend]["layer"]
-                    for name in got[backend]["order"]:
-                        rate = batch / got[backend]["seconds"][name]
+                for backend, engines in ENGINES.items():
+                    for engine in engines:
+                        row = got[backend][engine]
+                        if "killed_above_mb" in row:
+                            print("    %-9s %-32s not measured: stopped above %d MB of resident memory"
+                                  % (backend, LABELS.get(engine, API), row["killed_above_mb"]), flush=True)
+                            continue
+                        layers[backend] = row["layer"]
+                        rate = batch / row["seconds"]
+                        setup = " (once: %s %.1f s)" % row["setup"] if row["setup"] else ""
+                        diff = "; max |file - eager| %.2g" % row["diff"] if row["diff"] is not None else ""
                         print("    %-9s %-32s %9.1f images/s   x%6.2f vs eager MindSpore   x%6.2f vs eager torch   "
-                              "peak RSS %5.0f MB" % (backend, name, rate, rate / base["mindspore"],
-                                                      rate / base["torch"], got[backend]["peak_rss_mb"]), flush=True)
-                for backend in ("mindspore", "torch"):
-                    for name, seconds in got[backend]["setup"].items():
-                        print("    %-9s %-52s %7.1f s (once)" % (backend, name, seconds))
-                    for fmt, diff in got[backend]["diffs"].items():
-                        print("    %-9s %-52s max |file - eager| = %.2g" % (backend, fmt + " file", diff))
-                    rate = batch / got[backend]["seconds"][got[backend]["api"]]
-                    summary.append("%s batch %d: %s %s %.1f images/s, x%.2f torch eager (%.1f)" % (
-                        size, batch, backend, got[backend]["api"], rate, rate / base["torch"], base["torch"]))
+                              "peak RSS %5.0f MB%s%s" % (backend, row["label"], rate, rate / base["mindspore"],
+                                                         rate / base["torch"], row["peak_rss_mb"], setup, diff),
+                              flush=True)
+                        if engine == "api":
+                            summary.append("%s batch %d: %s %s %.1f images/s, x%.2f torch eager (%.1f)" % (
+                                size, batch, backend, row["label"], rate, rate / base["torch"], base["torch"]))
     print("the API's default engine against torch eager:")
     for line in summary:
         print("  " + line)
