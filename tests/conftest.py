@@ -27,12 +27,13 @@ def retrieval_world(tmp_path_factory, synth_root):
     import glob
     import os
     import shutil
-    from tests.test_retrieval import BASELINE, make_weights
+    from tests.test_retrieval import BASELINE, make_weights, one_torch_thread
     root = tmp_path_factory.mktemp("retrieval")
     domain = os.path.join(synth_root, "synthetic", "SynthD")
     for sub in ("query", "bounding_box_test"):
         shutil.copytree(os.path.join(domain, sub), str(root / "plain" / sub))
     train = sorted(glob.glob(os.path.join(domain, "bounding_box_train", "*.jpg")))[::2]
+    with one_torch_thread():
+        weights = make_weights(root / "baseline.pth", BASELINE, calibrate_on=train)
     return {"root": root, "data": synth_root, "query": str(root / "plain" / "query"), "train": train,
-            "gallery": str(root / "plain" / "bounding_box_test"),
-            "baseline": make_weights(root / "baseline.pth", BASELINE, calibrate_on=train)}
+            "gallery": str(root / "plain" / "bounding_box_test"), "baseline": weights}

@@ -4,6 +4,7 @@ tools built on it are tested in tests/test_retrieval_tools.py.
 
 Cheap by design: the demo-width ResNet-50-IBN-a baseline (its compiled graph and MINDIR export take about half
 the demo ACL network's time) on the synthetic target's 21 query images."""
+import contextlib
 import os
 
 import numpy as np
@@ -18,6 +19,28 @@ BASELINE = ["MODEL.META_ARCHITECTURE", "Baseline", "MODEL.BACKBONE.NAME", "resne
 # the demo config keeps TEST.FLIP True, so every comparison below includes the mirrored forward
 TINY = ["DATASETS.SYNTHETIC.NUM_IDS", "16", "DATALOADER.NUM_WORKERS", "0", "TEST.IMS_PER_BATCH", "32",
         "TEST.REFERENCE", "", "MODEL.COMPILE_CACHE", "off"]
+
+
+@contextlib.contextmanager
+def one_torch_thread():
+    """torch's intra-op threads on one: its two threads spin-wait for each other, and beside the other suite of
+    `make test` on 2 cores these modules took 95 s instead of 8 s (measured at load ~4). A no-op on MindSpore."""
+    import compat
+    if compat.BACKEND != "torch":
+        yield
+        return
+    before = compat.torch.get_num_threads()
+    compat.torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        compat.torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_torch_thread():
+    with one_torch_thread():
+        yield
 
 
 def make_weights(path, extra=(), calibrate_on=None):

@@ -15,7 +15,7 @@ import pytest
 
 from compat.errors import UserError
 from tests.crossenv import PYTHONS, ROOT, active_backend, require_backend
-from tests.test_retrieval import DEMO, make_weights, opts_for
+from tests.test_retrieval import DEMO, _one_torch_thread, make_weights, one_torch_thread, opts_for  # noqa: F401
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +23,8 @@ def world(retrieval_world):
     """retrieval_world plus the demo ACL network's weights ("acl"), calibrated the same way."""
     root = retrieval_world["root"]
     if not os.path.exists(str(root / "acl.pth")):
-        make_weights(root / "acl.pth", calibrate_on=retrieval_world["train"])
+        with one_torch_thread():
+            make_weights(root / "acl.pth", calibrate_on=retrieval_world["train"])
     return dict(retrieval_world, acl=str(root / "acl.pth"))
 
 
