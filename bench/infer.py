@@ -95,6 +95,7 @@ def measure(engine, width, depth, height, batch, repeats, folder):
         out["setup"] = ("graph build", time.perf_counter() - start)
     elif engine == "api":
         api = FeatureExtractor(config=cfg, engine="auto", batch_size=batch)
+        assert api.net is not None       # built (and exported) now, not inside the first timed call
         out["setup"] = ("build, export unless cached", time.perf_counter() - start)
         out["label"] = "%s (%s)" % (API, api.engine)
         uint8 = [np.ascontiguousarray(img.transpose(1, 2, 0)).astype(np.uint8) for img in images]
@@ -106,6 +107,7 @@ def measure(engine, width, depth, height, batch, repeats, folder):
             out["setup"] = ("export", time.perf_counter() - start)
         else:    # the API's file: it ran first
             api = FeatureExtractor(config=cfg, engine="onnx", batch_size=batch)
+            assert api.net is not None
             path = api.model_path
         file = ExportedModel(path)
         out["diff"] = float(np.abs(file.run(images) - eager_features(fresh())).max())

@@ -128,12 +128,14 @@ def test_extractor_gives_test_py_features(world, reference, engine):
         # given the weights, the network is exported once into OUTPUT_DIR/deploy_cache (batch 1 on MindSpore,
         # dynamic on torch); given that file (and its sidecar), it runs without a config
         from_weights = FeatureExtractor(config=DEMO, opts=opts_for(world), engine=engine, batch_size=1)
+        assert from_weights.model_path is None and from_weights.describe()["weights_sha256"]   # built on first use
+        assert np.abs(from_weights(reference["paths"][:3]) - normalize(reference["features"][:3])).max() <= 1e-4
         path = from_weights.model_path
         assert path.startswith(str(world["root"] / "out" / "deploy_cache")) and path.endswith("." + engine)
         written = os.stat(path).st_mtime_ns
         again = FeatureExtractor(config=DEMO, opts=opts_for(world), engine=engine, batch_size=1)
-        assert again.model_path == path and os.stat(path).st_mtime_ns == written     # reused, not re-exported
-        assert np.abs(from_weights(reference["paths"][:3]) - normalize(reference["features"][:3])).max() <= 1e-4
+        assert again.net is not None and again.model_path == path
+        assert os.stat(path).st_mtime_ns == written     # reused, not exported again
         extractor = FeatureExtractor(model=path, batch_size=5)
         assert extractor.flip is True and extractor.identity["kind"] == "exported"   # TEST.FLIP, from the sidecar
         tolerance = 1e-4

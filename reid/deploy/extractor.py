@@ -202,21 +202,34 @@ class FeatureExtractor:
 
     # ------------------------------------------------------------------------------------------- building
     def _from_weights(self, cfg, engine, flip):
-        from reid.runtime import build_eval_model
         self.engine = default_engine("weights", self.backend) if engine == "auto" else engine
         if self.engine == "compiled" and self.backend != "mindspore":
             raise UserError("engine compiled is MindSpore's graph mode; on the torch backend use engine eager (or "
                             "--backend mindspore)")
-        self.cfg, self.sidecar, self.model_path = cfg, None, None
-        self.flip = bool(cfg.TEST.FLIP) if flip is None else bool(flip)
-        net = build_eval_model(cfg)      # checks the weights file and that it fits the config
-        weights = cfg.MODEL.WEIGHTS
-        self.identity = {"kind": "weights", "weights": os.path.abspath(weights), "weights_sha256": file_sha256(weights),
-                         "config_sha256": _text_sha256(feature_config(self._flip_cfg(cfg)))}
         if self.engine in ("onnx", "mindir"):
             from compat.export import check_format
-            from reid.deploy.export import ExportedModel
             check_format(self.engine)
+        weights = cfg.MODEL.WEIGHTS
+        if not os.path.isfile(weights):
+            raise UserError("weights file %s does not exist; check MODEL.WEIGHTS" % weights)
+        self.cfg, self.sidecar, self.model_path = cfg, None, None
+        self.flip = bool(cfg.TEST.FLIP) if flip is None else bool(flip)
+        self.identity = {"kind": "weights", "weights": os.path.abspath(weights), "weights_sha256": file_sha256(weights),
+                         "config_sha256": _text_sha256(feature_config(self._flip_cfg(cfg)))}
+        self._net = None    # built on first use (`net`): describe() and the checks on it cost no model build
+
+    @property
+    def net(self):
+        """The model the engine runs (weights: built, or exported and loaded, on first use)."""
+        if self._net is None:
+            self._net = self._build_from_weights(self.cfg)
+        return self._net
+
+    def _build_from_weights(self, cfg):
+        from reid.runtime import build_eval_model
+        net = build_eval_model(cfg)      # checks that the weights fit the config
+        if self.engine in ("onnx", "mindir"):
+            from reid.deploy.export import ExportedModel
             # torch writes one dynamic-batch file; MindSpore fixed-batch ones: one of the batch size for full
             # batches and one of batch 1 for the rest, so that neither a gallery nor a single query is padded
             batches = [None] if self.backend != "mindspore" else sorted({self.batch_size, 1}, reverse=True)
@@ -224,7 +237,8 @@ class FeatureExtractor:
                                    self.engine) for i, batch in enumerate(batches)]
             net = files[0] if len(files) == 1 else FixedBatchFiles(*files)
             self.model_path, self.sidecar = files[0].path, files[0].sidecar
-        self.net = net
+            self.feature_size = int(self.sidecar["model"]["feature_size"])
+        return net
 
     def _exported(self, cfg, fmt, batch, model):
         """`model` (cfg's, with its weights; the export takes it over) exported to `fmt` (fixed `batch`, or
@@ -262,8 +276,8 @@ class FeatureExtractor:
             raise UserError("%s is an exported %s file: it runs with engine %s (or auto), not %s" % (
                 path, fmt, fmt, engine))
         self.engine = default_engine(fmt, self.backend)
-        self.net = ExportedModel(path, fmt)
-        self.sidecar, self.model_path = self.net.sidecar, os.path.abspath(path)
+        self._net = ExportedModel(path, fmt)
+        self.sidecar, self.model_path = self._net.sidecar, os.path.abspath(path)
         if cfg is not None:
             check_against_cfg(self.sidecar, cfg, path)
             self.cfg = cfg
