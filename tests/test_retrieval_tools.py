@@ -310,6 +310,29 @@ def test_a_file_that_disappears_is_a_counted_skip(world, tmp_path, monkeypatch):
     assert kept == [0] and len(feats) == 1 and "No such file" in problems[0][1]
 
 
+def test_labels_come_from_market_names_or_a_csv(tmp_path):
+    """Ids from Market-1501-style names (camera 1-based in the name, 0-based here; junk -1 kept as a label), or
+    from a CSV of path,pid,camid (header and comments allowed), whose bad rows are one-line errors."""
+    from reid.deploy.gallery import UNKNOWN, labels_for, read_labels
+    pids, camids = labels_for(["a/0002_c3s1_000451_01.jpg", "-1_c1s1_000001_00.jpg", "crop_17.png"])
+    assert pids.tolist() == [2, -1, UNKNOWN] and camids.tolist() == [2, 0, UNKNOWN]
+    good = tmp_path / "labels.csv"
+    good.write_text("path,pid,camid\n# a comment\n./a/x.jpg,7,1\nb.png,8,0,extra\n")
+    labels = read_labels(str(good))
+    assert labels == {"a/x.jpg": (7, 1), "b.png": (8, 0)}
+    assert [v.tolist() for v in labels_for(["a/x.jpg", "c.jpg"], labels)] == [[7, UNKNOWN], [1, UNKNOWN]]
+    for rows, expected in (("a.jpg,7\n", "line 1: expected path,pid,camid, got 2"),
+                           ("a.jpg,1,0\nb.jpg,x,0\n", "line 2: pid 'x' / camid '0' must be integers"),
+                           ("a.jpg,1,0\na.jpg,2,0\n", "line 2: a.jpg is listed twice"),
+                           ("../a.jpg,1,0\n", "must be relative to the image folder")):
+        bad = tmp_path / "bad.csv"
+        bad.write_text(rows)
+        with pytest.raises(UserError, match=expected):
+            read_labels(str(bad))
+    with pytest.raises(UserError, match="labels file .* does not exist"):
+        read_labels(str(tmp_path / "none.csv"))
+
+
 def test_damaged_index_files_are_refused(acl_index, tmp_path):
     """Truncated, byte-flipped (zip CRC), a member replaced by a pickled object array, inconsistent meta, an
     escaping path: each a one-line error that names the file and the fix; nothing is executed."""
