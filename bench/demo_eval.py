@@ -34,7 +34,8 @@ def measure(data_root, out, jit, cache):
     import time
 
     from reid.config import load_cfg
-    from reid.engine.launch import build_evaluate_fn, configure_runtime
+    from reid.engine.launch import build_evaluate_fn
+    from reid.runtime import configure_runtime
     from reid.engine.trainer import Trainer
     cfg = load_cfg(DEMO, ["DATASETS.ROOT", data_root, "OUTPUT_DIR", out, "TEST.JIT", str(bool(jit)),
                           "MODEL.COMPILE_CACHE", cache, "MODEL.JIT", "False"])  # op-by-op steps between them

@@ -621,6 +621,12 @@ def _check_fallback():
                            "give wrong outputs; export through reid.deploy / compat.export or in another process")
 
 
+def _signature(args):
+    """What a graph is specialised on in its inputs: each tensor's shape and dtype, other values as they are."""
+    return tuple((tuple(a.shape), str(a.dtype)) if hasattr(a, "shape") and hasattr(a, "dtype") else repr(a)
+                 for a in args)
+
+
 class _Timed:
     """Calls a mindspore.jit function; the first call builds the graph (or loads it from the compile cache)
     and logs how long that took, the resident memory it left and the process's new peak if it set one. On
@@ -633,12 +639,21 @@ class _Timed:
         self.compile_seconds, self.compile_cpu_seconds, self.loaded, self.phase = None, None, None, None
         # resident MB before the build, after it, after releasing its leftovers (None where not measured)
         self.memory = (None, None, None)
+        # the input signature (shapes, dtypes) the graph was built for, and the graphs of other signatures:
+        # a built graph run directly takes any input, and gives garbage for a shape it was not built for
+        self.signature, self.others = None, {}
 
     def __call__(self, *args):
         if self.phase is not None:
-            return _run_built(self.phase, args)
+            signature = _signature(args)
+            if signature == self.signature:
+                return _run_built(self.phase, args)
+            if signature not in self.others:
+                self.others[signature] = _Timed(self.jitted, self.name, self.owner, self.key)
+            return self.others[signature](*args)
         if self.compile_seconds is not None:
             return self.jitted(*args)
+        self.signature = _signature(args)
         from mindspore.common.api import ms_compile_cache
         _check_fallback()
         start, cpu_start = time.perf_counter(), time.process_time()

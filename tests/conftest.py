@@ -17,3 +17,23 @@ def synth_root(tmp_path_factory):
     root = tmp_path_factory.mktemp("data")
     ensure_synthetic(str(root / "synthetic"), seed=0, num_ids=16, workers=1, progress=False)
     return str(root)
+
+
+@pytest.fixture(scope="session")
+def retrieval_world(tmp_path_factory, synth_root):
+    """The synthetic target (SynthD) copied as a plain folder tree of query/ and bounding_box_test/, the
+    training images weights are calibrated on (tests/test_retrieval.py make_weights), and the demo-width
+    ResNet-50-IBN-a baseline's weights ("baseline")."""
+    import glob
+    import os
+    import shutil
+    from tests.test_retrieval import BASELINE, make_weights, one_torch_thread
+    root = tmp_path_factory.mktemp("retrieval")
+    domain = os.path.join(synth_root, "synthetic", "SynthD")
+    for sub in ("query", "bounding_box_test"):
+        shutil.copytree(os.path.join(domain, sub), str(root / "plain" / sub))
+    train = sorted(glob.glob(os.path.join(domain, "bounding_box_train", "*.jpg")))[::2]
+    with one_torch_thread():
+        weights = make_weights(root / "baseline.pth", BASELINE, calibrate_on=train)
+    return {"root": root, "data": synth_root, "query": str(root / "plain" / "query"), "train": train,
+            "gallery": str(root / "plain" / "bounding_box_test"), "baseline": weights}

@@ -26,7 +26,7 @@ def restore_threads():
 
 def test_compile_cache_folder_follows_the_config(restore_threads, tmp_path):
     """MODEL.COMPILE_CACHE: "" keeps graphs under OUTPUT_DIR/compile_cache, "off" nowhere, else that folder."""
-    from reid.engine.launch import compile_cache_dir, configure_runtime
+    from reid.runtime import compile_cache_dir, configure_runtime
     cfg = _cfg(0)
     cfg.OUTPUT_DIR = str(tmp_path / "run")
     assert compile_cache_dir(cfg) == str(tmp_path / "run" / "compile_cache")
@@ -41,7 +41,7 @@ def test_compile_cache_folder_follows_the_config(restore_threads, tmp_path):
 
 
 def test_num_threads_reaches_mindspore(monkeypatch, restore_threads):
-    from reid.engine.launch import configure_runtime
+    from reid.runtime import configure_runtime
     if not compat.IS_MINDSPORE:
         assert configure_runtime(_cfg(3)) is None   # torch keeps its own setting
         return
@@ -60,7 +60,7 @@ def test_num_threads_reaches_mindspore(monkeypatch, restore_threads):
 
 
 def test_bad_thread_counts_are_user_errors(monkeypatch, restore_threads):
-    from reid.engine.launch import configure_runtime
+    from reid.runtime import configure_runtime
     if not compat.IS_MINDSPORE:
         pytest.skip("torch keeps its own thread setting")
     with pytest.raises(UserError, match="MODEL.NUM_THREADS"):
@@ -72,7 +72,7 @@ def test_bad_thread_counts_are_user_errors(monkeypatch, restore_threads):
 
 def test_helper_thread_setting_reaches_compat(restore_threads):
     """MODEL.JIT_HELPER_THREAD: where built graphs run (compat.jit's helper thread, or the calling thread)."""
-    from reid.engine.launch import configure_runtime
+    from reid.runtime import configure_runtime
     cfg = _cfg(0)
     try:
         cfg.MODEL.JIT_HELPER_THREAD = False

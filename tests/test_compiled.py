@@ -313,6 +313,24 @@ def test_built_graphs_run_on_the_low_priority_helper_thread():
     assert compat.jit._helper().call(divmod, 7, 2) == (3, 1)   # and it keeps serving
 
 
+def test_a_compiled_function_builds_a_graph_per_input_shape():
+    """A compiled function called with another batch size gets a graph of its own (a built graph run directly
+    would take the new shape and return garbage), and the first shape's graph still serves its own."""
+    layer = compat.nn.Linear(3, 2)
+    compat.jit.prepare(layer)
+
+    def affine(t):
+        return layer(t) * 2.0 + 1.0
+    fn = compat.jit.compiled(affine, "per_shape_affine")
+    rs = np.random.RandomState(4)
+    for rows in (1, 5, 1, 5, 2):
+        x = compat.as_tensor(rs.rand(rows, 3).astype(np.float32))
+        with compat.no_grad():
+            want = compat.to_numpy(layer(x)) * 2 + 1
+        got = compat.to_numpy(fn(x))
+        assert got.shape == (rows, 2) and np.allclose(got, want, rtol=1e-6, atol=1e-6), rows
+
+
 def test_an_error_inside_a_gradient_leaves_later_compiled_steps_intact():
     """An exception raised inside an op-by-op gradient (an input check's UserError) must not leave MindSpore
     recording: a compiled step afterwards returns its dict of terms and the right gradients. Before compat's

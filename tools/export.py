@@ -34,7 +34,7 @@ def main(argv=None):
         os.environ["REID_BACKEND"] = args.backend
     from reid.config import load_cfg
     from reid.deploy import export_model
-    from reid.engine.launch import configure_runtime
+    from reid.runtime import configure_runtime
     cfg = load_cfg(args.config_file or None, list(args.opts))
     configure_runtime(cfg)
     sidecar = export_model(cfg, args.output, args.format, batch=args.batch, check=not args.no_check)

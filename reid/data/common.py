@@ -90,6 +90,15 @@ def _decode(path):
     return cv2.cvtColor(img, cv2.COLOR_BGR2RGB), None
 
 
+def image_or_problem(path):
+    """(RGB uint8 image (H, W, 3), None), or (None, the reason it cannot be read): missing, empty, truncated,
+    not an image. Grayscale, RGBA and 16-bit files come back as 8-bit RGB (the decoder converts them)."""
+    reason = _header_problem(path)
+    if reason is not None:
+        return None, reason
+    return _decode(path)
+
+
 def read_image(path, on_bad="stop"):
     """Decode an image file to an RGB uint8 array (H, W, 3).
 
@@ -97,10 +106,7 @@ def read_image(path, on_bad="stop"):
     or is logged and returns ``None`` (``on_bad="skip"``; the caller drops the sample).
     """
     _check_on_bad(on_bad)
-    reason = _header_problem(path)
-    img = None
-    if reason is None:
-        img, reason = _decode(path)
+    img, reason = image_or_problem(path)
     if reason is None:
         return img
     if on_bad == "stop":

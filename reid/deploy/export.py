@@ -94,7 +94,7 @@ def export_model(cfg, output, fmt=None, batch=1, check=True, model=None):
     to `output` (ONNX or MINDIR, from `fmt` or the suffix) and its JSON sidecar `output.json`; returns the
     sidecar dict. `batch`: the batch size of fixed-batch formats (MindSpore exports) and of the check, which
     runs the written file on `batch` random images against the eager model."""
-    from reid.engine.launch import build_eval_model
+    from reid.runtime import build_eval_model
     fmt = backend_export.check_format(format_of(output, fmt))
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise UserError("--batch must be a positive integer, got %r" % (batch,))
@@ -124,6 +124,7 @@ def export_model(cfg, output, fmt=None, batch=1, check=True, model=None):
         "output": {"shape": [None if dynamic else batch, int(eager.shape[1])],
                    "content": "BNNeck feature (running statistics), compared by TEST.METRIC",
                    "metric": cfg.TEST.METRIC},
+        "test_flip": bool(cfg.TEST.FLIP),    # test.py's TEST.FLIP: average each image's feature with its mirror's
         "dynamic_batch": dynamic,
         "batch": None if dynamic else batch,
         "opset": onnx_opset(output) if fmt == "onnx" else None,
@@ -227,7 +228,7 @@ class ExportedModel:
 
 def load_engine(cfg, engine="eager", model_path=None):
     """The model test.py evaluates: the eager network with MODEL.WEIGHTS, or an exported file."""
-    from reid.engine.launch import build_eval_model
+    from reid.runtime import build_eval_model
     if engine == "eager":
         if model_path:
             raise UserError("--model %s is an exported file: add --engine %s (eager evaluates MODEL.WEIGHTS)"

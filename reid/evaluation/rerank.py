@@ -58,7 +58,7 @@ class _JointDistances(object):
         return np.square(out) / self.row_max[i]
 
 
-def _topk_stable(rows, k):
+def topk_stable(rows, k):
     """First k columns of a stable argsort of each row (ties by index), without sorting whole rows."""
     n = rows.shape[1]
     if k >= n:
@@ -123,7 +123,7 @@ def re_ranking(q_g_dist, q_q_dist, g_g_dist, k1=20, k2=6, lambda_value=0.3, chun
         rows = joint.raw_rows(start, min(start + step, n))
         mx = rows.max(1)
         joint.row_max[start:start + len(rows)] = np.where(mx > 0, mx, 1.0)
-        rank[start:start + len(rows)] = _topk_stable(rows, kk)
+        rank[start:start + len(rows)] = topk_stable(rows, kk)
 
     k1 = min(k1, kk - 1)
     half = int(np.around(k1 / 2.0))

@@ -31,20 +31,30 @@ def _cell(path, color, label):
 
 
 def rank_list_image(query_record, gallery_records, distances):
-    """RGB uint8 grid: the query cell, a gap, then one cell per gallery record in the given order."""
+    """RGB uint8 grid: the query cell, a gap, then one cell per gallery record in the given order. A pid of None
+    is not known: such a cell gets a grey border (neither right nor wrong)."""
     q_pid = query_record[1]
-    cells = [_cell(query_record[0], GREY, "query %s" % q_pid)]
+    cells = [_cell(query_record[0], GREY, "query" if q_pid is None else "query %s" % q_pid)]
     for i, (rec, d) in enumerate(zip(gallery_records, distances)):
-        cells.append(_cell(rec[0], GREEN if rec[1] == q_pid else RED, "%d: %.3f" % (i + 1, d)))
+        color = GREY if q_pid is None or rec[1] is None else GREEN if rec[1] == q_pid else RED
+        cells.append(_cell(rec[0], color, "%d: %.3f" % (i + 1, d)))
     gap = np.full((cells[0].shape[0], GAP, 3), 255, np.uint8)
     return np.concatenate([cells[0], gap] + cells[1:], axis=1)
+
+
+def write_rank_list(path, query_record, gallery_records, values):
+    """Draw rank_list_image and write it to `path` (PNG)."""
+    import cv2
+    grid = rank_list_image(query_record, gallery_records, values)
+    if not cv2.imwrite(path, cv2.cvtColor(grid, cv2.COLOR_RGB2BGR)):
+        raise UserError("cannot write %s; check that the output folder is writable" % path)
+    return path
 
 
 def save_rank_lists(out_dir, distmat, q_records, g_records, topk=10, num_queries=10, query_indices=None):
     """Write ``<out_dir>/rank_<query index>_<query file>.png`` for `num_queries` queries evenly spread over the
     query list (or the given `query_indices`); returns the written paths. Records are (path, pid, camid, ...);
     ``distmat`` rows follow ``q_records`` and columns ``g_records``."""
-    import cv2
     distmat = np.asarray(distmat)
     if distmat.shape != (len(q_records), len(g_records)):
         raise UserError("distmat shape %s does not match %d query and %d gallery records"
@@ -60,10 +70,7 @@ def save_rank_lists(out_dir, distmat, q_records, g_records, topk=10, num_queries
         q = q_records[qi]
         order = np.argsort(distmat[qi], kind="stable")
         order = order[~((g_pids[order] == q[1]) & (g_cams[order] == q[2]))][:int(topk)]
-        grid = rank_list_image(q, [g_records[j] for j in order], distmat[qi, order])
         name = "rank_%05d_%s.png" % (qi, os.path.splitext(os.path.basename(q[0]))[0])
-        path = os.path.join(out_dir, name)
-        if not cv2.imwrite(path, cv2.cvtColor(grid, cv2.COLOR_RGB2BGR)):
-            raise UserError("cannot write %s; check that the output folder is writable" % path)
-        written.append(path)
+        written.append(write_rank_list(os.path.join(out_dir, name), q, [g_records[j] for j in order],
+                                       distmat[qi, order]))
     return written

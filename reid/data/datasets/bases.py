@@ -21,6 +21,14 @@ DISTRACTOR_PID = 0
 _MARKET_NAME = re.compile(r"^(-?\d+)_c(\d+)")
 
 
+def market_ids(name):
+    """(pid, 0-based camid) of a Market-1501-style file name ``PPPP_cC...``, or None when it is not one."""
+    match = _MARKET_NAME.match(name)
+    if match is None or int(match.group(2)) < 1 or int(match.group(1)) < JUNK_PID:
+        return None
+    return int(match.group(1)), int(match.group(2)) - 1
+
+
 def data_root_hint():
     return ("set DATASETS.ROOT in the config (or on the command line: DATASETS.ROOT /path) or the REID_DATA "
             "environment variable to the folder that holds the datasets")
@@ -46,15 +54,12 @@ def parse_market_dir(folder, dataset_name, is_train, domain=0):
     """
     records, unparsed = [], []
     for name in list_images(folder):
-        match = _MARKET_NAME.match(name)
-        if match is None or int(match.group(2)) < 1:
+        ids = market_ids(name)
+        if ids is None:
             unparsed.append(name)
             continue
-        pid, cam = int(match.group(1)), int(match.group(2)) - 1
+        pid, cam = ids
         if pid == JUNK_PID or (is_train and pid == DISTRACTOR_PID):
-            continue
-        if pid < JUNK_PID:
-            unparsed.append(name)
             continue
         path = os.path.join(folder, name)
         if is_train:

@@ -1,0 +1,171 @@
+"""Gallery search at scale: exact top-k (reid.deploy.search, numpy, gallery blocks) against faiss's exact flat
+index and its approximate IVF index, on 100k and 1M gallery vectors at the full model's feature size (2048):
+
+  build     seconds to build the index (faiss: add / train + add; ours: nothing beyond the array)
+  queries/s top-10 search of the query set, all queries in one call
+  peak RSS  each method runs in a process of its own, which generates the gallery itself, chunk by chunk
+  recall@10 of each method's top-10 against our exact top-10
+  same      ours exact against faiss flat: queries whose ranked lists are identical, and whether every
+            difference is a tie (scores within 1e-5)
+
+The gallery: random unit vectors (seeded, chunk by chunk, so every process builds the same one), with 10
+planted near-duplicates of each query at cosine similarities from ~0.95 to ~0.45 (a random pair at this size
+is ~0 +- 0.02), so that every query has a true top-10 for the approximate index to find. "exact, float16" is
+our search over a float16 gallery (tools/index.py --float16: half the memory).
+
+    python bench/search.py [--sizes 100k,1m] [--queries 200] [--nprobe 16,64,256]
+"""
+import os
+import sys
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from bench.timing import run_isolated  # noqa: E402
+
+SIZES = {"100k": 100_000, "1m": 1_000_000}
+DIM = 2048
+CHUNK = 16384
+PLANTS = 10
+TOPK = 10
+
+
+def _normalize(x):
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+def queries_and_plants(num_gallery, num_queries, seed=0):
+    """(queries (Q, DIM), planted {gallery row: (query, noise scale)})."""
+    rng = np.random.default_rng([seed, 0])
+    queries = _normalize(rng.standard_normal((num_queries, DIM), dtype=np.float32))
+    rows = rng.choice(num_gallery, num_queries * PLANTS, replace=False)
+    scales = np.tile(np.linspace(0.3, 2.0, PLANTS), num_queries)   # similarity ~ 1 / sqrt(1 + scale^2)
+    return queries, {int(r): (i // PLANTS, float(s)) for i, (r, s) in enumerate(zip(rows, scales))}
+
+
+def gallery_chunk(start, num_gallery, queries, plants, seed=0):
+    """Rows start..start+CHUNK-1 of the gallery (the same for every caller)."""
+    stop = min(start + CHUNK, num_gallery)
+    rng = np.random.default_rng([seed, 1, start])
+    chunk = rng.standard_normal((stop - start, DIM), dtype=np.float32)
+    for row in range(start, stop):
+        if row in plants:
+            q, scale = plants[row]
+            noise = np.random.default_rng([seed, 2, row]).standard_normal(DIM, dtype=np.float32) / np.sqrt(DIM)
+            chunk[row - start] = queries[q] + np.float32(scale) * noise
+    return _normalize(chunk)
+
+
+def chunks(num_gallery, queries, plants):
+    for start in range(0, num_gallery, CHUNK):
+        yield start, gallery_chunk(start, num_gallery, queries, plants)
+
+
+def run(method, num_gallery, num_queries, nprobe=None):
+    """One method in this process: {"build", "search" seconds, "indices", "scores"}."""
+    from reid.deploy import search as ours
+    queries, plants = queries_and_plants(num_gallery, num_queries)
+    out = {}
+    if method.startswith("exact"):
+        dtype = np.float16 if method.endswith("float16") else np.float32
+        gallery = np.empty((num_gallery, DIM), dtype)
+        for start, chunk in chunks(num_gallery, queries, plants):
+            gallery[start:start + len(chunk)] = chunk
+        out["build"] = 0.0
+        start = time.perf_counter()
+        out["indices"], out["scores"] = ours.exact_search(queries, gallery, TOPK)
+        out["search"] = time.perf_counter() - start
+        return out
+    faiss = ours.import_faiss()
+    build = 0.0        # generating the gallery is not counted
+    if method == "faiss-flat":
+        index = faiss.IndexFlatIP(DIM)
+    else:
+        nlist = int(np.sqrt(num_gallery))
+        index = faiss.IndexIVFFlat(faiss.IndexFlatIP(DIM), DIM, nlist, faiss.METRIC_INNER_PRODUCT)
+        train = np.concatenate([chunk for _, chunk in chunks(min(num_gallery, 40 * nlist), queries, plants)])
+        start = time.perf_counter()
+        index.train(train)
+        build += time.perf_counter() - start
+        del train
+        out["nlist"] = nlist
+    for _, chunk in chunks(num_gallery, queries, plants):
+        start = time.perf_counter()
+        index.add(chunk)
+        build += time.perf_counter() - start
+    out["build"] = build
+    searches = {}
+    for probe in (nprobe or [None]):
+        if probe is not None:
+            index.nprobe = int(probe)
+        start = time.perf_counter()
+        scores, indices = index.search(queries, TOPK)
+        searches[probe] = (time.perf_counter() - start, indices.astype(np.int64), scores)
+    out["searches"] = searches
+    return out
+
+
+def compare_lists(a_idx, a_sc, b_idx, b_sc, tie=1e-5):
+    """(queries whose ranked lists are identical, whether every difference is a tie): the scores agree rank for
+    rank within `tie`, and an item ranked differently has a score within `tie` of the item it replaces."""
+    same = int((a_idx == b_idx).all(1).sum())
+    ties_only = True
+    for q in np.flatnonzero(~(a_idx == b_idx).all(1)):
+        if np.abs(a_sc[q] - b_sc[q]).max() > tie:
+            ties_only = False
+            continue
+        for r in np.flatnonzero(a_idx[q] != b_idx[q]):
+            group = set(a_idx[q][np.abs(a_sc[q] - a_sc[q, r]) <= tie])
+            at_the_end = a_sc[q, r] - a_sc[q, -1] <= tie        # tied with the last rank: either may be left out
+            ties_only &= bool(b_idx[q, r] in group or at_the_end)
+    return same, ties_only
+
+
+def recall(approx, exact):
+    return float(np.mean([len(set(a) & set(e)) / float(len(e)) for a, e in zip(approx, exact)]))
+
+
+def main():
+    import argparse
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="100k,1m", help="comma-separated: %s" % ", ".join(SIZES))
+    parser.add_argument("--queries", type=int, default=200)
+    parser.add_argument("--nprobe", default="16,64,256", help="faiss-ivf clusters searched per query (comma-separated)")
+    args = parser.parse_args()
+    nprobe = [int(v) for v in args.nprobe.split(",") if v]
+    for size in args.sizes.split(","):
+        n = SIZES[size]
+        print("%s gallery vectors x %d dims (%.1f GB as float32), %d queries, top-%d" % (
+            size, DIM, n * DIM * 4 / 1e9, args.queries, TOPK), flush=True)
+        got = {}
+        for method in ("exact", "exact, float16", "faiss-flat", "faiss-ivf"):
+            kwargs = dict(method=method, num_gallery=n, num_queries=args.queries,
+                          nprobe=nprobe if method == "faiss-ivf" else None)
+            got[method] = run_isolated("mindspore", "bench.search:run", kwargs)
+        exact = got["exact"]
+        rows = [("exact (ours, numpy)", exact["build"], exact["search"], exact["indices"], exact["scores"],
+                 exact["peak_rss_mb"]),
+                ("exact, float16 (ours)", 0.0, got["exact, float16"]["search"], got["exact, float16"]["indices"],
+                 got["exact, float16"]["scores"], got["exact, float16"]["peak_rss_mb"])]
+        flat = got["faiss-flat"]
+        seconds, idx, scores = flat["searches"][None]
+        rows.append(("faiss IndexFlatIP", flat["build"], seconds, idx, scores, flat["peak_rss_mb"]))
+        ivf = got["faiss-ivf"]
+        for probe, (seconds, idx, scores) in ivf["searches"].items():
+            rows.append(("faiss IVFFlat nlist %d nprobe %d" % (ivf["nlist"], probe), ivf["build"], seconds, idx,
+                         scores, ivf["peak_rss_mb"]))
+        print("  %-34s %9s %11s %11s %10s" % ("method", "build s", "queries/s", "peak RSS MB", "recall@10"))
+        for name, build, seconds, idx, _, rss in rows:
+            print("  %-34s %9.1f %11.1f %11.0f %10.4f" % (name, build, args.queries / seconds, rss,
+                                                         recall(idx, exact["indices"])), flush=True)
+        same, ties_only = compare_lists(exact["indices"], exact["scores"], flat["searches"][None][1],
+                                        flat["searches"][None][2])
+        print("  ours exact vs faiss IndexFlatIP: %d of %d ranked lists identical; every difference a tie: %s"
+              % (same, args.queries, "yes" if ties_only else "NO"))
+
+
+if __name__ == "__main__":
+    main()

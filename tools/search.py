@@ -1,0 +1,190 @@
+#!/usr/bin/env python
+"""Search a gallery index (tools/index.py) for query images: ranked lists as JSON and CSV, a short table,
+and rank-list pictures.
+
+    python tools/search.py --index gallery.npz --query person.jpg --topk 10 --output results.json
+    python tools/search.py --index gallery.npz --query queries/ --filter protocol --vis ranks/ --output r.json
+
+The model is the one the index was made with (the index records it), or the one given (--config-file ...
+MODEL.WEIGHTS ..., --model FILE), which must be the same: features of another model or config are refused.
+results.json: [{"query": path, "matches": [{"path": ..., "score": ...}, ...]}, ...] (with pid / camid where
+known; "distance" instead of "score" after --rerank); results.csv beside it: query,rank,path,score.
+--filter camera leaves out gallery images from the query's camera; --filter protocol is test.py's evaluation
+protocol (same person in the same camera and junk images left out) and prints Rank-1 when the queries' ids
+are known. Ids come from Market-1501-style names or --query-labels. Details: docs/retrieval.md.
+"""
+import argparse
+import csv
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from reid.deploy.commands import add_model_args, build_extractor, gives_model, parse  # noqa: E402
+from reid.deploy.search import FILTERS, METHODS  # noqa: E402
+
+TABLE_ROWS = 10
+
+
+def build_parser():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--index", required=True, metavar="FILE", help="a gallery index written by tools/index.py")
+    p.add_argument("--query", required=True, nargs="+", metavar="IMAGE|DIR", help="query images or folders")
+    p.add_argument("--topk", type=int, default=10, metavar="K", help="matches per query (default 10)")
+    p.add_argument("--output", required=True, metavar="FILE.json", help="ranked lists (and FILE.csv beside it)")
+    p.add_argument("--filter", choices=FILTERS, default="none",
+                   help="none (default); camera: leave out the query's camera; protocol: test.py's protocol")
+    p.add_argument("--rerank", action="store_true", help="k-reciprocal re-ranking (TEST.RERANK.K1/K2/LAMBDA)")
+    p.add_argument("--aqe", action="store_true", help="average query expansion (TEST.AQE.QE_TIME/QE_K/ALPHA)")
+    p.add_argument("--method", choices=METHODS, default="exact",
+                   help="exact (default, numpy, bounded memory), faiss-flat (exact), faiss-ivf (approximate)")
+    p.add_argument("--nlist", type=int, default=None, help="faiss-ivf clusters (default sqrt(gallery size))")
+    p.add_argument("--nprobe", type=int, default=16, help="faiss-ivf clusters searched per query (default 16)")
+    p.add_argument("--query-labels", default=None, metavar="CSV",
+                   help="query ids as rows path,pid,camid (paths relative to the --query folder)")
+    p.add_argument("--gallery", default=None, metavar="DIR",
+                   help="where the gallery images are now, if the folder moved since indexing (paths in the index "
+                        "are relative to it)")
+    p.add_argument("--vis", default=None, metavar="DIR", help="write rank-list PNGs here")
+    p.add_argument("--vis-count", type=int, default=10, metavar="N", help="queries drawn with --vis (default 10)")
+    p.add_argument("--strict", action="store_true", help="a query file that cannot be read is an error, not a skip")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_model_args(p, "default: the model the index records")
+    return p
+
+
+def query_files(items, strict):
+    """[(path as given, path relative to its folder)], [non-image files]."""
+    from compat.errors import UserError
+    from reid.deploy.extractor import list_image_files
+    files, others = [], []
+    for item in items:
+        if os.path.isdir(item):
+            images, other = list_image_files(item)
+            if not images:
+                raise UserError("query folder %s holds no images%s; give a folder of query images" % (
+                    item, " (only %d other file(s))" % len(other) if other else ""))
+            files += [(os.path.join(item, rel), rel.replace(os.sep, "/")) for rel in images]
+            others += [os.path.join(item, rel) for rel in other]
+        elif os.path.exists(item):
+            files.append((item, os.path.basename(item)))
+        else:
+            raise UserError("query %s does not exist; give image files or folders" % item)
+    if strict and others:
+        raise UserError("%d query file(s) are not images (%s); remove them or leave out --strict" % (
+            len(others), others[0]))
+    return files, others
+
+
+def write_results(path, results, kind):
+    from reid.engine.launch import write_json
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    write_json(path, results, sort_keys=False)
+    csv_path = os.path.splitext(path)[0] + ".csv"
+    with open(csv_path + ".tmp", "w", newline="") as fh:
+        out = csv.writer(fh)
+        out.writerow(["query", "rank", "path", kind])
+        for row in results:
+            for rank, match in enumerate(row["matches"], 1):
+                out.writerow([row["query"], rank, match["path"], "%.6f" % match[kind]])
+    os.replace(csv_path + ".tmp", csv_path)
+    return csv_path
+
+
+def main(argv=None):
+    args = parse(build_parser(), argv)
+    import numpy as np
+    from compat.errors import UserError
+    from reid.config import load_cfg
+    from reid.deploy.gallery import UNKNOWN, check_same_model, labels_for, load_index, read_labels
+    from reid.deploy.search import exclusion, rank1_from_lists, rank_gallery
+    from reid.evaluation import options_from_cfg
+    from reid.evaluation.visualize import write_rank_list
+
+    index = load_index(args.index)
+    source = index.model.get("source") or {}
+    files, others = query_files(args.query, args.strict)
+    query_labels = read_labels(args.query_labels) if args.query_labels else None
+    extractor = build_extractor(args, progress=not args.no_progress, source=source)
+    fix = ("search with the model the index was made with (leave out the model arguments), or index the gallery "
+           "with this one (tools/index.py --rebuild)")
+    check_same_model(args.index, index.model, extractor.describe(), fix)
+    features, kept, problems = extractor.extract_files([f for f, _ in files], "stop" if args.strict else "skip")
+    if not kept:
+        raise UserError("none of the %d query images could be read (first: %s: %s)" % (len(files), *problems[0]))
+    check_same_model(args.index, index.model, extractor.describe(), fix)
+    files = [files[i] for i in kept]
+    q_pids, q_camids = labels_for([rel for _, rel in files], query_labels)
+
+    if args.filter != "none" and not (index.camids != UNKNOWN).any():
+        raise UserError("--filter %s needs camera ids, and the index has none (Market-1501-style names, or "
+                        "tools/index.py --labels); search without --filter" % args.filter)
+    exclude = exclusion(args.filter, q_pids, q_camids, index.pids, index.camids)
+    if gives_model(args):
+        config_file, opts = args.config_file or None, list(args.opts)
+    else:
+        config_file, opts = source.get("config_file"), list(source.get("opts") or []) + list(args.opts)
+    opts += ["TEST.RERANK.ENABLED", "True"] if args.rerank else []
+    opts += ["TEST.AQE.ENABLED", "True"] if args.aqe else []
+    options = options_from_cfg(load_cfg(config_file, opts))
+    ranked = rank_gallery(features, index.features, args.topk, exclude, args.method, options["rerank"],
+                          options["aqe"], args.nlist, args.nprobe)
+
+    root = os.path.abspath(args.gallery) if args.gallery else index.root
+    kind = ranked["value"]
+    results = []
+    for q, ((path, _), idx, values) in enumerate(zip(files, ranked["indices"], ranked["values"])):
+        entry = {"query": path}
+        for name, ids in (("pid", q_pids), ("camid", q_camids)):
+            if ids[q] != UNKNOWN:
+                entry[name] = int(ids[q])
+        entry["matches"] = []
+        for j, v in zip(idx, values):
+            if j < 0:
+                break
+            path, pid, camid = index.record(j, root)
+            match = {"path": path, kind: round(float(v), 6)}
+            match.update({k: val for k, val in (("pid", pid), ("camid", camid)) if val is not None})
+            entry["matches"].append(match)
+        results.append(entry)
+    csv_path = write_results(args.output, results, kind)
+
+    print("%d queries searched in %d gallery images (%s, filter %s%s%s), engine %s" % (
+        len(results), len(index), args.method, args.filter, ", re-ranked" if options["rerank"] else "",
+        ", query expansion" if options["aqe"] else "", extractor.engine))
+    for entry in results[:TABLE_ROWS]:
+        best = "  ".join("%s %.3f" % (os.path.basename(m["path"]), m[kind]) for m in entry["matches"][:3])
+        print("  %-32s %s" % (os.path.basename(entry["query"])[:32], best or "(no match left)"))
+    if len(results) > TABLE_ROWS:
+        print("  ... %d more in %s" % (len(results) - TABLE_ROWS, args.output))
+    if problems or others:
+        first = "%s: %s" % problems[0] if problems else "%s: not an image" % others[0]
+        print("skipped %d query file(s), e.g. %s" % (len(problems) + len(others), first))
+    if args.filter == "protocol":
+        rank1, counted = rank1_from_lists(ranked["indices"], q_pids, index.pids, q_camids, index.camids)
+        if counted:
+            print("Rank-1 from the file names: %.1f%% over %d queries with a match in another camera"
+                  % (rank1, counted))
+    print("wrote %s and %s" % (args.output, csv_path))
+    if args.vis:
+        os.makedirs(args.vis, exist_ok=True)
+        count = min(max(args.vis_count, 0), len(results))
+        chosen = np.unique(np.linspace(0, len(results) - 1, count).round().astype(int)) if count else []
+        for q in chosen:
+            entry = results[q]
+            missing = [m["path"] for m in entry["matches"] if not os.path.exists(m["path"])]
+            if missing:
+                raise UserError("gallery image %s does not exist: the gallery moved since indexing? give its folder "
+                                "with --gallery DIR" % missing[0])
+            records = [(m["path"], m.get("pid"), m.get("camid")) for m in entry["matches"]]
+            name = "rank_%05d_%s.png" % (q, os.path.splitext(os.path.basename(entry["query"]))[0])
+            write_rank_list(os.path.join(args.vis, name), (entry["query"], entry.get("pid"), entry.get("camid")),
+                            records, [m[kind] for m in entry["matches"]])
+        print("%d rank lists written to %s" % (len(chosen), args.vis))
+
+
+if __name__ == "__main__":
+    import faulthandler
+    faulthandler.enable()   # a crash in the framework's native code still prints the Python stack
+    main()
