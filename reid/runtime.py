@@ -49,17 +49,20 @@ def build_eval_model(cfg):
                         "--reference histogram for the hand-crafted reference alone)")
     state = model_state_from_file(cfg.MODEL.WEIGHTS)
     counts = num_classes_in_state(state)
-    if counts and counts != list(cfg.MODEL.HEADS.NUM_CLASSES):
-        cfg = cfg.clone()
-        cfg.defrost()
+    cfg = cfg.clone()
+    cfg.defrost()
+    if counts:
         cfg.MODEL.HEADS.NUM_CLASSES = counts
-        cfg.freeze()
+    # the strict load below fills every tensor, so the ImageNet start a training recipe names is not read
+    cfg.MODEL.BACKBONE.PRETRAIN = False
+    cfg.freeze()
     compat.set_device(cfg.MODEL.DEVICE)
     model = compat.to_device(build_model(cfg))
     try:
         compat.checkpoint.load_state_dict(model, state)
     except UserError as exc:
         raise UserError("%s does not fit the model of this config (%s); use the config the weights were trained "
-                        "with (OUTPUT_DIR/config.yaml)" % (cfg.MODEL.WEIGHTS, exc)) from None
+                        "with (OUTPUT_DIR/config.yaml; tools/convert.py --from-original reads the original code's)"
+                        % (cfg.MODEL.WEIGHTS, exc)) from None
     model.eval()
     return model

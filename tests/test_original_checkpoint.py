@@ -232,6 +232,22 @@ def test_ours_to_original_and_back_is_bit_identical(tmp_path, capsys):
     assert all(np.array_equal(again[k], written["model"][k]) for k in written["model"])
 
 
+def test_evaluation_model_of_a_recipe_that_starts_from_imagenet_needs_no_imagenet_file(tmp_path, capsys):
+    # configs/Base-ACL.yml and the converted original config set PRETRAIN without a PRETRAIN_PATH: test.py,
+    # export and the feature extractor load every tensor from MODEL.WEIGHTS, so they read no ImageNet file
+    from reid.runtime import build_eval_model
+    model = small_model()
+    ours = random_state([(k, v.shape, str(v.dtype)) for k, v in numpy_state(model).items()], seed=5)
+    path = write_original_checkpoint(tmp_path / "model_final.pth", original.to_original(ours), "module.")
+    cfg = full_cfg((1, 1, 1))
+    cfg.MODEL.BACKBONE.BASE_WIDTH = 4
+    cfg.MODEL.BACKBONE.PRETRAIN, cfg.MODEL.BACKBONE.PRETRAIN_PATH = True, ""
+    cfg.MODEL.WEIGHTS = str(path)
+    got = numpy_state(build_eval_model(cfg))
+    assert list(got) == list(ours) and all(np.array_equal(got[k], ours[k]) for k in ours)
+    assert cfg.MODEL.BACKBONE.PRETRAIN      # the caller's config is left as it was
+
+
 @pytest.mark.skipif(active_backend() != "torch", reason="real torch reads the written file (torch run only)")
 def test_torch_loads_the_written_original_checkpoint(tmp_path):
     import torch
@@ -358,7 +374,7 @@ def test_original_acl_config_reads_as_our_defaults(tmp_path, capsys):
     assert cfg.MODEL.BACKBONE.PRETRAIN
     out = capsys.readouterr().out
     assert "not read (training recipe: acl-reid's defaults apply): MODEL.LOSSES, SOLVER.BASE_LR;" in out
-    assert "add MODEL.BACKBONE.PRETRAIN False to evaluate or export" in out
+    assert "resnet50_ibn_a-d9d0bb7b.pth to train (evaluation and export load MODEL.WEIGHTS alone)" in out
 
 
 def test_original_config_keys_take_the_originals_defaults(tmp_path):

@@ -52,7 +52,7 @@ def convert_config(source, output):
     sections = sorted({".".join(k.split(".")[:2]) for k in skipped})
     backbone = tree["MODEL"]["BACKBONE"]
     hint = ("; MODEL.BACKBONE.PRETRAIN is on without a PRETRAIN_PATH: give the path of resnet50_ibn_a-d9d0bb7b.pth "
-            "to train, add MODEL.BACKBONE.PRETRAIN False to evaluate or export"
+            "to train (evaluation and export load MODEL.WEIGHTS alone)"
             if backbone["PRETRAIN"] and not backbone["PRETRAIN_PATH"] else "")
     return "wrote %s from %s; not read (training recipe: acl-reid's defaults apply): %s%s" % (
         output, source, ", ".join(sections) or "nothing", hint)
