@@ -312,25 +312,29 @@ def test_a_file_that_disappears_is_a_counted_skip(world, tmp_path, monkeypatch):
 
 def test_labels_come_from_market_names_or_a_csv(tmp_path):
     """Ids from Market-1501-style names (camera 1-based in the name, 0-based here; junk -1 kept as a label), or
-    from a CSV of path,pid,camid (header and comments allowed), whose bad rows are one-line errors."""
+    from a CSV in the custom datasets' format (header path,pid,camid[,split], paths relative to the CSV's folder),
+    keyed relative to the image folder or by absolute path; its bad rows are one-line errors."""
     from reid.deploy.gallery import UNKNOWN, labels_for, read_labels
     pids, camids = labels_for(["a/0002_c3s1_000451_01.jpg", "-1_c1s1_000001_00.jpg", "crop_17.png"])
     assert pids.tolist() == [2, -1, UNKNOWN] and camids.tolist() == [2, 0, UNKNOWN]
+    (tmp_path / "g").mkdir()
     good = tmp_path / "labels.csv"
-    good.write_text("path,pid,camid\n# a comment\n./a/x.jpg,7,1\nb.png,8,0,extra\n")
-    labels = read_labels(str(good))
-    assert labels == {"a/x.jpg": (7, 1), "b.png": (8, 0)}
+    good.write_text("path,camid,pid,split\n./g/a/x.jpg,1,7,query\ng/b.png,0,-1,gallery\n")
+    labels = read_labels(str(good), str(tmp_path / "g"))
+    assert labels == {"a/x.jpg": (7, 1), "b.png": (-1, 0)}
+    g = tmp_path / "g"
+    assert read_labels(str(good)) == {str(g / "a" / "x.jpg"): (7, 1), str(g / "b.png"): (-1, 0)}
     assert [v.tolist() for v in labels_for(["a/x.jpg", "c.jpg"], labels)] == [[7, UNKNOWN], [1, UNKNOWN]]
-    for rows, expected in (("a.jpg,7\n", "line 1: expected path,pid,camid, got 2"),
-                           ("a.jpg,1,0\nb.jpg,x,0\n", "line 2: pid 'x' / camid '0' must be integers"),
-                           ("a.jpg,1,0\na.jpg,2,0\n", "line 2: a.jpg is listed twice"),
-                           ("../a.jpg,1,0\n", "must be relative to the image folder")):
+    for rows, expected in (("a.jpg,7\n", "line 1: the first line must be a header"),
+                           ("path,pid,camid\ng/a.jpg,1,0\ng/b.jpg,x,0\n", "line 3: pid 'x' is not an integer"),
+                           ("path,pid,camid\ng/a.jpg,1,0\ng/a.jpg,2,0\n", "line 3: g/a.jpg is listed again"),
+                           ("path,pid,camid\nelsewhere/a.jpg,1,0\n", "line 2: .* is not under")):
         bad = tmp_path / "bad.csv"
         bad.write_text(rows)
         with pytest.raises(UserError, match=expected):
-            read_labels(str(bad))
+            read_labels(str(bad), str(tmp_path / "g"))
     with pytest.raises(UserError, match="labels file .* does not exist"):
-        read_labels(str(tmp_path / "none.csv"))
+        read_labels(str(tmp_path / "none.csv"), str(tmp_path / "g"))
 
 
 def test_damaged_index_files_are_refused(acl_index, tmp_path):
@@ -413,6 +417,19 @@ def test_search_refuses_another_model_and_finds_moved_images(world, acl_index, t
     again, report = build_index(extractor, str(new_root), previous=index)     # re-indexed where it is now
     assert (report["reused"], report["extracted"]) == (69, 0) and again.root == str(new_root)
     assert np.array_equal(again.features, index.features)
+    # a query whose name carries no ids takes them from --query-labels (the custom datasets' CSV format)
+    from reid.deploy.gallery import ids_from_name
+    pid, camid = ids_from_name(os.path.basename(query))
+    (tmp_path / "q").mkdir()
+    shutil.copy(query, str(tmp_path / "q" / "person.jpg"))
+    (tmp_path / "q" / "ids.csv").write_text("path,pid,camid\nperson.jpg,%d,%d\n" % (pid, camid))
+    search(["--index", acl_index, "--query", str(tmp_path / "q" / "person.jpg"), "--query-labels",
+            str(tmp_path / "q" / "ids.csv"), "--filter", "protocol", "--topk", "69", "--output", out, "--engine",
+            "eager", "--no-progress"])
+    row = json.load(open(out))[0]
+    assert (row["pid"], row["camid"]) == (pid, camid)
+    assert not [m for m in row["matches"] if ids_from_name(os.path.basename(m["path"])) == (pid, camid)]
+    assert len(row["matches"]) < 69
     (tmp_path / "noimages").mkdir()
     (tmp_path / "noimages" / "notes.txt").write_text("x")
     with pytest.raises(UserError, match=r"query folder .*noimages holds no images \(only 1 other file"):

@@ -6,7 +6,8 @@
     python tools/index.py --gallery DIR --output gallery.npz --model deploy/acl.onnx
 
 The folder is walked recursively (hidden files left out). Person and camera ids come from Market-1501-style
-names (0002_c3s1_000451_01.jpg: person 2, camera 3), or from --labels CSV (rows path,pid,camid). Running it
+names (0002_c3s1_000451_01.jpg: person 2, camera 3), or from --labels CSV (header path,pid,camid; paths
+relative to the CSV's folder, as a custom dataset's list: docs/datasets.md). Running it
 again on the same --output updates the index: only new and changed images are extracted, removed ones are
 dropped. Files that are not images, and images that cannot be read, are skipped and counted (--strict: an
 error). The file is replaced atomically: an interrupted run leaves the previous index as it was.
@@ -26,8 +27,8 @@ def build_parser():
     p.add_argument("--gallery", required=True, metavar="DIR", help="folder of gallery images (walked recursively)")
     p.add_argument("--output", required=True, metavar="FILE", help="the index file to write or update (.npz)")
     p.add_argument("--labels", default=None, metavar="CSV",
-                   help="person / camera ids as rows path,pid,camid (paths relative to --gallery) instead of the "
-                        "file names")
+                   help="person / camera ids from a CSV with the header path,pid,camid (paths relative to the "
+                        "CSV's folder) instead of the file names")
     p.add_argument("--float16", action="store_true", help="store the features as float16 (half the size)")
     p.add_argument("--rebuild", action="store_true",
                    help="index every image afresh, ignoring an existing --output (also: after changing the model)")
@@ -44,7 +45,7 @@ def main(argv=None):
     previous = None
     if os.path.exists(args.output) and not args.rebuild:
         previous = load_index(args.output)
-    labels = read_labels(args.labels) if args.labels else None
+    labels = read_labels(args.labels, args.gallery) if args.labels else None
     scan = scan_gallery(args.gallery, args.strict)     # the folder's problems before the model is built
     extractor = build_extractor(args, progress=not args.no_progress)
     index, report = build_index(extractor, args.gallery, previous, labels, strict=args.strict,

@@ -41,7 +41,7 @@ def build_parser():
     p.add_argument("--nlist", type=int, default=None, help="faiss-ivf clusters (default sqrt(gallery size))")
     p.add_argument("--nprobe", type=int, default=16, help="faiss-ivf clusters searched per query (default 16)")
     p.add_argument("--query-labels", default=None, metavar="CSV",
-                   help="query ids as rows path,pid,camid (paths relative to the --query folder)")
+                   help="query ids from a CSV with the header path,pid,camid (paths relative to the CSV's folder)")
     p.add_argument("--gallery", default=None, metavar="DIR",
                    help="where the gallery images are now, if the folder moved since indexing (paths in the index "
                         "are relative to it)")
@@ -105,7 +105,7 @@ def main(argv=None):
     index = load_index(args.index)
     source = index.model.get("source") or {}
     files, others = query_files(args.query, args.strict)
-    query_labels = read_labels(args.query_labels) if args.query_labels else None
+    query_labels = read_labels(args.query_labels) if args.query_labels else None   # keyed by absolute path
     extractor = build_extractor(args, progress=not args.no_progress, source=source)
     fix = ("search with the model the index was made with (leave out the model arguments), or index the gallery "
            "with this one (tools/index.py --rebuild)")
@@ -115,7 +115,8 @@ def main(argv=None):
         raise UserError("none of the %d query images could be read (first: %s: %s)" % (len(files), *problems[0]))
     check_same_model(args.index, index.model, extractor.describe(), fix)
     files = [files[i] for i in kept]
-    q_pids, q_camids = labels_for([rel for _, rel in files], query_labels)
+    q_pids, q_camids = labels_for([os.path.abspath(f) if query_labels is not None else rel for f, rel in files],
+                                  query_labels)
 
     if args.filter != "none" and not (index.camids != UNKNOWN).any():
         raise UserError("--filter %s needs camera ids, and the index has none (Market-1501-style names, or "

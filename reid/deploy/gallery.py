@@ -16,7 +16,6 @@ reading it runs no code from the file:
 Every array is checked against the others and against `meta` when the file is loaded; the zip's CRC-32 of each
 array is checked as it is read, so a damaged or edited file is an error, never wrong results.
 """
-import csv
 import json
 import os
 import zipfile
@@ -69,29 +68,25 @@ def ids_from_name(rel_path):
     return ids if ids is not None else (UNKNOWN, UNKNOWN)
 
 
-def read_labels(path):
-    """{relative path: (pid, camid)} from a CSV of rows `path,pid,camid` (a header row is allowed; columns after
-    the third are ignored). Paths are relative to the image folder."""
+def read_labels(path, folder=None):
+    """{image: (pid, camid)} from a CSV in the custom datasets' format (header `path,pid,camid[,split]`, paths
+    relative to the CSV's folder or absolute; docs/datasets.md#a-csv-list); the split column, where there is
+    one, is not used. Images are keyed by their path relative to `folder` ("/" separated), or by their
+    absolute path without one."""
+    from reid.data.datasets.custom import read_csv_list
     if not os.path.isfile(path):
-        raise UserError("labels file %s does not exist; give a CSV of rows path,pid,camid" % path)
+        raise UserError("labels file %s does not exist; give a CSV whose header is path,pid,camid" % path)
+    root = os.path.abspath(folder) if folder else None
     labels = {}
-    with open(path, newline="", encoding="utf-8") as fh:
-        for line, row in enumerate(csv.reader(fh), 1):
-            if not row or not "".join(row).strip() or row[0].lstrip().startswith("#"):
-                continue
-            if len(row) < 3:
-                raise UserError("%s line %d: expected path,pid,camid, got %d column(s)" % (path, line, len(row)))
-            rel, pid, camid = (v.strip() for v in row[:3])
-            try:
-                ids = int(pid), int(camid)
-            except ValueError:
-                if line == 1:
-                    continue            # a header
-                raise UserError("%s line %d: pid %r / camid %r must be integers" % (path, line, pid, camid)) from None
-            rel = _clean_rel(rel, "%s line %d" % (path, line))
-            if rel in labels:
-                raise UserError("%s line %d: %s is listed twice" % (path, line, rel))
-            labels[rel] = ids
+    for line, image, pid, camid, _ in read_csv_list(path):
+        key = image
+        if root is not None:
+            key = os.path.relpath(image, root)
+            if key == os.curdir or key.split(os.sep)[0] == os.pardir:
+                raise UserError("%s line %d: %s is not under %s; list the images of that folder (paths relative "
+                                "to the CSV's folder)" % (path, line, image, folder))
+            key = key.replace(os.sep, "/")
+        labels[key] = (pid, camid)
     return labels
 
 
