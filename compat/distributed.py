@@ -207,10 +207,7 @@ def init(device="cpu", timeout_s=DEFAULT_TIMEOUT_S):
         try:
             ms_init()
         except RuntimeError as exc:
-            import sys
-            print("MindSpore could not form the cluster: %s" % str(exc).strip().splitlines()[0], file=sys.stderr,
-                  flush=True)
-            raise SystemExit(EXIT_CLUSTER_FORMATION) from None
+            _exit_cluster_formation(exc)
         finally:
             mindspore.set_context(mode=mindspore.PYNATIVE_MODE)
         grp = Group(get_rank(), get_group_size())
@@ -224,6 +221,17 @@ def init(device="cpu", timeout_s=DEFAULT_TIMEOUT_S):
                         % (grp.world_size, world))
     _state["group"] = grp
     return grp
+
+
+def _exit_cluster_formation(exc):
+    """End this rank with EXIT_CLUSTER_FORMATION after one line naming why. os._exit, not SystemExit: after a
+    failed init MindSpore's cluster threads are still running, and the interpreter's shutdown can then die with
+    SIGSEGV, which the launcher would take for a crash during training instead of starting the cluster again."""
+    import sys
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    print("MindSpore could not form the cluster: %s" % message, file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(EXIT_CLUSTER_FORMATION)
 
 
 def _wait_for_local_ranks(timeout_s=900):

@@ -82,6 +82,28 @@ def _gaps(a, b, label):
     return loss, weights, update
 
 
+@pytest.mark.skipif(_backend() != "mindspore", reason="MindSpore's cluster formation")
+def test_a_rank_whose_cluster_cannot_form_exits_with_the_status_the_launcher_retries():
+    """A rank whose MindSpore init fails ends with EXIT_CLUSTER_FORMATION (the launcher starts the cluster again
+    on it) and one line naming the cause; the init is made to fail here, no cluster is started."""
+    from reid.engine.distributed import EXIT_CLUSTER_FORMATION
+    script = ("import mindspore.communication as mc\n"
+              "def fail(*a, **k):\n"
+              "    raise RuntimeError('The state of the cluster is error, total nodes num: 2\\nsecond line')\n"
+              "mc.init = fail\n"
+              "import compat.distributed as d\n"
+              "d.init()\n"
+              "print('not reached')\n")
+    env = dict(os.environ, MS_ROLE="MS_WORKER", MS_WORKER_NUM="2", MS_SCHED_HOST="127.0.0.1",
+               MS_SCHED_PORT=str(_free_port()), REID_READY_DIR="")
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == EXIT_CLUSTER_FORMATION, proc.stderr[-2000:]
+    assert "not reached" not in proc.stdout
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "MindSpore could not form the cluster: The state of the cluster is error, total nodes num: 2")
+
+
 def test_port_in_use_and_bad_splits_are_one_line_errors_and_ranks_get_no_launch_flags(tmp_path):
     from compat.errors import UserError
     from reid.engine.distributed import launch, local_splits, rank_argv
