@@ -71,7 +71,8 @@ def profile_mindspore(overrides, root, steps):
         # (ours: the compiled steps are graphs called from it); the tables are what this reads
         if "Pynative" not in str(exc):
             raise
-    table = glob.glob(os.path.join(out, "profiler", "cpu_op_type_info_*.csv"))
+    # MindSpore 2.0 writes profiler/cpu_op_type_info_*.csv, 2.6 <run folder>/FRAMEWORK/cpu_op_type_info_*.csv
+    table = glob.glob(os.path.join(out, "**", "cpu_op_type_info_*.csv"), recursive=True)
     if not table:
         raise RuntimeError("MindSpore's profiler wrote no operator table under %s" % out)
     kernels = {}
