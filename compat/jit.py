@@ -736,7 +736,8 @@ def value_and_grad(fn, params, name, state=()):
     that updates them. MindSpore 2.0 writes them inside the graph. Where the graph cannot hold side effects
     (`stateless_steps`: MindSpore 2.6) the graph is built with `state_through_gradients()` True: the updates
     come back as the gradients of these Parameters, added to them here after the call, so the caller sees
-    the same effect. There, too, aux dicts leave the graph as tuples of values (a dict output of a
+    the same effect (`call(..., update_state=False)` drops it; `call.state_outside` says whether the update
+    is applied here or inside the graph). There, too, aux dicts leave the graph as tuples of values (a dict output of a
     differentiated graph fails to build on 2.6) and are rebuilt here with the keys read while it was built."""
     params, state = list(params), list(state)
     if not _c.IS_MINDSPORE:
@@ -773,17 +774,19 @@ def value_and_grad(fn, params, name, state=()):
     graph_fn.__name__ = graph_fn.__qualname__ = name
     run = _Timed(_jit(graph_fn), name, grad=stateless)
 
-    def call(*args):
+    def call(*args, update_state=True):
         loss, aux, grads = run(*args)
         if _c.is_tensor(aux):
             aux = None
         else:
             aux = _cast_tree(_with_keys(aux, _AUX_KEYS[token] or None), torch)
         n = len(params)
-        for p, step in zip(state, grads[n:]):
-            _ms_ops.assign_add(p, step)
+        if update_state:
+            for p, step in zip(state, grads[n:]):
+                _ms_ops.assign_add(p, step)
         return _cast_tree(loss, torch), aux, tuple(_cast_tree(g, torch) for g in grads[:n])
     call.graph = run
+    call.state_outside = bool(state)  # the state update is applied here (update_state=False: dropped)
     return call
 
 

@@ -133,6 +133,10 @@ class StepFunctions:
         statistics updated in basic steps only; returns the step's own terms."""
         basic = kind == "basic"
         weights = tuple(compat.as_tensor(np.float32(w)) for w in ((1.0, 0.0) if basic else (0.0, 1.0)))
+        if fn.state_outside:  # the graph hands its running-statistics update out: applied in basic steps only
+            with bn_mode(self.model, BN_MODES["basic"]):
+                loss, (terms_basic, terms_mtrain), grads = fn(*(args + weights), update_state=basic)
+            return loss, terms_basic if basic else terms_mtrain, grads
         saved = None if basic else compat.jit.snapshot(self.buffers)
         try:
             with bn_mode(self.model, BN_MODES["basic"]):
