@@ -63,8 +63,8 @@ in), and each graph gets a directory of its own, named by a hash of that key, it
 and dtypes, the owner's parameter names and shapes, the MindSpore / torch-API versions and the source of
 compat/ and reid/: any change there builds (and saves) anew. The cache is on only while such a graph is
 built. Graphs MindSpore cannot write to its cache (the training-step graphs: "Cannot export a interpret node
-in MindIR") are built again without it: MODEL.JIT's graphs are therefore not given a key. Only on MindSpore
-2.0 (`cache_supported`): on 2.6.0.dev a graph loaded this way gave wrong features.
+in MindIR") are built again without it: MODEL.JIT's graphs are therefore not given a key. The weights are
+registered with the executor `mindspore.jit` compiles with (`_graph_executor`: MindSpore 2.6 has two).
 
 Memory (MindSpore 2.0): building a graph leaves MindSpore's front end holding ~1.2-3 GB at demo size, whatever
 the input size (type inference copies every called function per call site; the copies form reference cycles
@@ -328,6 +328,8 @@ def _jit(fn):
     import mindspore
     _check_graph_name(fn)
     if _state.get("jit_level"):
+        if not _is_mindspore_2_0():  # 2.6: a keyword of jit itself
+            return mindspore.jit(fn, jit_level=_state["jit_level"])
         return mindspore.jit(fn, jit_config=mindspore.JitConfig(jit_level=_state["jit_level"]))
     return mindspore.jit(fn)
 
@@ -347,14 +349,6 @@ def _is_mindspore_2_0():
     2.6.0.dev."""
     import mindspore
     return mindspore.__version__.startswith("2.0.")
-
-
-def cache_supported():
-    """Whether graphs are cached on this MindSpore at all: only on 2.0, where the guards above were worked out
-    and a loaded graph is tested to give the built one's outputs. On 2.6.0.dev (the mindtorch stack) a graph
-    loaded from the cache gave features with relative error 1.0 against the built graph's (tests/test_compiled.py),
-    so there every graph is built."""
-    return _is_mindspore_2_0()
 
 
 def _source_digest():
@@ -420,7 +414,7 @@ def _cache_on(name, owner, key, args):
     """Before building a cached graph (a cache folder is set, and the caller named an owner and a key): switch
     MindSpore's compile cache on, aimed at this graph's own folder, with the owner's weights registered.
     Returns that folder, else None (cache left off)."""
-    if _state["cache_dir"] is None or owner is None or key is None or not cache_supported():
+    if _state["cache_dir"] is None or owner is None or key is None:
         return None
     import mindspore
     folder = _graph_dir(name, owner, key, args)
