@@ -242,7 +242,7 @@ def steps_supported():
 
 def stateless_steps():
     """Whether differentiated graphs must be free of side effects here: MindSpore 2.6 (the mindtorch stack). Its
-    runtime did not finish linking the demo network's basic-step graph in 20 minutes (one core in
+    runtime did not finish linking the demo network's basic-step graph (one core in
     GraphScheduler::LinkControlArrowByAutoMonad, recursing over the batch norms' Parameter writes), and a dict
     output of a differentiated graph fails to build there; `value_and_grad` and `compat.norm` build such graphs
     without both (tools/ms26_defects.py shows the two defects)."""
@@ -298,7 +298,12 @@ def default_threads():
 def set_threads(num_threads=None):
     """Size MindSpore's CPU kernel pool: `num_threads`, or (0/None) `default_threads()`. Runs at import of
     compat with the default; MODEL.NUM_THREADS > 0 calls it again. Returns the count (None on torch, which
-    keeps its own setting)."""
+    keeps its own setting).
+
+    MindSpore 2.6 (the mindtorch stack) also gets as many threads to run a graph's kernels side by side
+    (`inter_op_parallel_num`, at least 2): with its default some training-step graphs (the basic step's of a
+    graph per step kind) ran at half the speed of others of the same size, the calling thread spinning while
+    it waited for them (docs/mindtorch.md)."""
     if not _c.IS_MINDSPORE:
         return None
     n = int(num_threads) if num_threads else default_threads()
@@ -307,6 +312,8 @@ def set_threads(num_threads=None):
     if _state["threads"] != n:
         import mindspore
         mindspore.set_context(runtime_num_threads=n)
+        if not _is_mindspore_2_0():
+            mindspore.set_context(inter_op_parallel_num=max(2, n))
         _state["threads"] = n
     return n
 
@@ -436,7 +443,7 @@ def _graph_executor():
     """The executor `mindspore.jit` builds and loads graphs with: MindSpore 2.0 has one; 2.6 a second one for
     functions compiled in PyNative mode (`JitExecutor_`, where `_run_jit_pipeline()`), which is the one whose
     registered weights a graph loaded from the cache binds to. (Registered with the first one instead, a
-    loaded evaluation graph ran on other weights: its features were wrong, relative error 1.)"""
+    loaded evaluation graph ran without them: its features were all zeros.)"""
     from mindspore import _c_expression
     run_jit = getattr(_c_expression, "_run_jit_pipeline", None)
     if run_jit is not None and run_jit():
@@ -746,24 +753,26 @@ def value_and_grad(fn, params, name, state=()):
         loss, aux = _split(fn(*args))
         if aux is None:  # has_aux needs an aux output: a detached copy of the loss, dropped again below
             return loss, loss
+        if stateless:
+            # dicts leave as tuples of values, converted before the differentiation (a lone dict made into a
+            # tuple of one): a dict output of the differentiated function fails to build on 2.6, and one taken
+            # apart after it (`tuple(aux.values())`) made the graph run several times slower
+            if isinstance(aux, dict):
+                _note_aux_keys_c(token, "lone", True)
+                aux = (aux,)
+            values = ()
+            index = 0
+            for part in aux:
+                _note_aux_keys_c(token, index, tuple(part.keys()))
+                values = values + (tuple(part.values()),)
+                index = index + 1
+            return loss, values
         return loss, aux
 
     grad_fn = mindspore.value_and_grad(loss_and_aux, None, params + state, has_aux=True)
 
     def graph_fn(*args):
         (loss, aux), grads = grad_fn(*args)
-        if stateless:
-            if isinstance(aux, dict):
-                _note_aux_keys_c(token, -1, tuple(aux.keys()))
-                aux = tuple(aux.values())
-            elif isinstance(aux, tuple):
-                values = ()
-                index = 0
-                for part in aux:
-                    _note_aux_keys_c(token, index, tuple(part.keys()))
-                    values = values + (tuple(part.values()),)
-                    index = index + 1
-                aux = values
         return loss, aux, grads
     graph_fn.__name__ = graph_fn.__qualname__ = name
     run = _Timed(_jit(graph_fn), name, grad=stateless)
@@ -784,7 +793,7 @@ def value_and_grad(fn, params, name, state=()):
     return call
 
 
-_AUX_KEYS = {}  # graph token -> {-1: keys of its aux dict} or {i: keys of the i-th dict of its aux tuple}
+_AUX_KEYS = {}  # graph token -> {i: keys of the i-th dict of its aux tuple; "lone": True where aux was one dict}
 
 
 def _note_aux_keys(name, index, keys):
@@ -798,9 +807,8 @@ def _with_keys(values, keys):
     unchanged."""
     if keys is None:
         return values
-    if -1 in keys:
-        return dict(zip(keys[-1], values))
-    return tuple(dict(zip(keys[i], v)) for i, v in enumerate(values))
+    dicts = tuple(dict(zip(keys[i], v)) for i, v in enumerate(values))
+    return dicts[0] if keys.get("lone") else dicts
 
 
 def _cast_tree(obj, torch):
