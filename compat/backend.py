@@ -72,10 +72,11 @@ def _import_torch_api_on_mindspore():
 def _synchronous_launch(mindspore):
     """MindSpore 2.6 (the mindtorch stack): PyNative mode with synchronous op launch, set before the first op
     runs (the torch-API layer's import and `shims.apply_after_import` run ops). By default 2.6 hands every op
-    to a launch thread, which on a 2-core CPU competes with the kernels; launched synchronously, small ops that
-    feed an op of the older kind (an `Assign` of a difference, as optimizer and fast-weight updates do) cost
-    ~0.07 ms each. Set after any op has run, the setting does not take: such pairs cost ~3.5 ms each
-    (docs/mindtorch.md). Not on MindSpore 2.0 (MSAdapter), whose launch is left as it was measured."""
+    to a launch thread, which on a machine with few cores competes with the kernels. Set after any op has run,
+    the setting does not take: then every op of the older kind (an `Assign`, as optimizer, fast-weight and
+    running-statistics updates run) waits for the launch thread to catch up, and a step's many small updates
+    cost more than its kernels (docs/mindtorch.md). Not on MindSpore 2.0 (MSAdapter), whose launch is left as
+    it was measured."""
     if mindspore.__version__.startswith("2.0."):
         return
     mindspore.set_context(mode=mindspore.PYNATIVE_MODE, pynative_synchronize=True)
