@@ -36,17 +36,24 @@ setup-mindtorch: .venv-mindtorch/.reqs-stamp
 	@touch $@
 
 # The main job: train ACL briefly on 3 built-in synthetic domains, evaluate on the 4th (MindSpore backend).
-demo: setup-ms
-	REID_BACKEND=mindspore $(MS_PY) train.py --config-file $(DEMO_CONFIG)
+# STACK picks the MindSpore stack: msadapter (the default: .venv, MindSpore 2.0.0) or mindtorch (.venv-mindtorch,
+# MindSpore 2.6.0.dev; docs/mindtorch.md); each sets up its own environment first.
+STACK ?= msadapter
+DEMO_STACKS := msadapter mindtorch
+ifeq ($(filter $(STACK),$(DEMO_STACKS)),)
+$(error unknown STACK=$(STACK); use one of: $(DEMO_STACKS))
+endif
+DEMO_PY := $(if $(filter mindtorch,$(STACK)),$(MT_PY),$(MS_PY))
+demo: $(if $(filter mindtorch,$(STACK)),setup-mindtorch,setup-ms)
+	REID_BACKEND=mindspore $(DEMO_PY) train.py --config-file $(DEMO_CONFIG)
 
 # Lint (ruff from the torch env, configured in pyproject.toml), then the whole suite on both backends.
 # Cross-backend parity tests run from the MindSpore side and call the torch environment for the reference
 # numbers; the torch run repeats the backend-neutral tests on torch.
 # The mindtorch run repeats the tests that go through the torch-API layer (compat, model, compiled execution,
 # losses, evaluation, trainer, and their parity against torch); the numpy-only tests (config, datasets,
-# samplers, synthetic data, transforms) do not touch the layer and run in the other two. Five trainer tests
-# skip themselves there, each naming its cost and where its check is made on that stack (the stack trains
-# several times slower than MSAdapter on CPU; docs/testing.md).
+# samplers, synthetic data, transforms) do not touch the layer and run in the other two. The trainer tests run
+# there in full, compiled steps included (docs/mindtorch.md).
 # A missing environment fails the parity tests (tests/crossenv.py); the opt-out to skip them instead,
 # REID_ALLOW_MISSING_BACKEND=1, is cleared here so that `make test` never passes without its references.
 MT_TESTS := tests/test_compat_checkpoint.py tests/test_compat_custom_op.py tests/test_compat_data.py \

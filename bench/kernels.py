@@ -3,7 +3,12 @@ under MindSpore's own Profiler against torch's eager basic step under torch.prof
 its environment, one after the other (they never share the CPU). Prints, per kernel family, calls and
 milliseconds per step on each side and the time ratio, then each side's totals.
 
-    python bench/kernels.py [--sizes demo] [--steps 5] [--stacks msadapter]
+    python bench/kernels.py [--sizes demo] [--steps 5] [--stacks msadapter,mindtorch] [--op-by-op]
+
+--op-by-op profiles op-by-op steps (MODEL.JIT False) instead of compiled ones on the MindSpore side (torch runs
+eagerly either way). MindSpore 2.6's profiler (the mindtorch stack) counts a kernel from its launch to its end,
+waits included: its kernel milliseconds add up to several times the step's wall time there, so compare its
+families with each other, and the stacks by bench/train_step.py's step times.
 
 Sizes as bench/train_step.py's (demo by default: the compiled graph builds in ~40 s; full-b8 takes minutes).
 MindSpore's profiler sees kernels only (the graph's and the op-by-op SGD update's): its milliseconds are
@@ -43,12 +48,12 @@ KERNEL_FAMILIES = {
 DATA_LOADING = "enumerate(DataLoader)"  # torch's profiler records the loader; MindSpore's sees no data loading
 
 
-def _trainer(overrides, root):
+def _trainer(overrides, root, jit=True):
     from reid.config import load_cfg
     from reid.engine.trainer import Trainer
     cfg = load_cfg(os.path.join(ROOT, "configs", "synthetic", "acl.yml"),
                    COMMON + overrides + ["DATASETS.ROOT", root, "OUTPUT_DIR", os.path.join(root, "out"),
-                                         "MODEL.JIT", "True", "TEST.EVAL_AT_START", "False"])
+                                         "MODEL.JIT", str(bool(jit)), "TEST.EVAL_AT_START", "False"])
     trainer = Trainer(cfg, quiet=True)
     trainer.iter = 1
     for _ in range(2):  # compiled: the first call builds the graph
@@ -56,10 +61,11 @@ def _trainer(overrides, root):
     return trainer
 
 
-def profile_mindspore(overrides, root, steps):
-    """{kernel type: (calls, ms)} per step from MindSpore's Profiler over `steps` compiled basic steps."""
+def profile_mindspore(overrides, root, steps, jit=True):
+    """{kernel type: (calls, ms)} per step from MindSpore's Profiler over `steps` basic steps (compiled unless
+    `jit` is False)."""
     import mindspore
-    trainer = _trainer(overrides, root)
+    trainer = _trainer(overrides, root, jit)
     out = tempfile.mkdtemp(prefix="ms-profiler-", dir=root)
     profiler = mindspore.Profiler(output_path=out)
     for _ in range(steps):
@@ -71,7 +77,8 @@ def profile_mindspore(overrides, root, steps):
         # (ours: the compiled steps are graphs called from it); the tables are what this reads
         if "Pynative" not in str(exc):
             raise
-    table = glob.glob(os.path.join(out, "profiler", "cpu_op_type_info_*.csv"))
+    # MindSpore 2.0 writes profiler/cpu_op_type_info_*.csv, 2.6 <run folder>/FRAMEWORK/cpu_op_type_info_*.csv
+    table = glob.glob(os.path.join(out, "**", "cpu_op_type_info_*.csv"), recursive=True)
     if not table:
         raise RuntimeError("MindSpore's profiler wrote no operator table under %s" % out)
     kernels = {}
@@ -93,10 +100,10 @@ def profile_torch(overrides, root, steps):
     return {"kernels": kernels, "layer": layer_name()}
 
 
-def measure(overrides, root, steps):
+def measure(overrides, root, steps, jit=True):
     import compat
     if compat.IS_MINDSPORE:
-        return profile_mindspore(overrides, root, steps)
+        return profile_mindspore(overrides, root, steps, jit)
     return profile_torch(overrides, root, steps)
 
 
@@ -115,6 +122,8 @@ def by_family(kernels, side):
 def main():
     def extra(parser):
         parser.add_argument("--steps", type=int, default=5, help="profiled basic steps per side (default 5)")
+        parser.add_argument("--op-by-op", action="store_true", help="profile op-by-op MindSpore steps "
+                            "(MODEL.JIT False) instead of compiled ones")
     args = size_args(__doc__, SIZES, default="demo", extra=extra)
     from reid.data.synthetic import ensure_synthetic
     variants = stack_variants(args.stacks)
@@ -122,15 +131,16 @@ def main():
         ensure_synthetic(os.path.join(root, "synthetic"), seed=0, num_ids=80, domains=["SynthA", "SynthB", "SynthC"],
                          progress=False)
         for size in args.sizes.split(","):
-            got = {label: run_isolated(v[0], "bench.kernels:measure",
-                                       {"overrides": SIZES[size], "root": root, "steps": args.steps}, python=v[2])
+            spec = {"overrides": SIZES[size], "root": root, "steps": args.steps, "jit": not args.op_by_op}
+            got = {label: run_isolated(v[0], "bench.kernels:measure", spec, python=v[2])
                    for label, v in variants.items()}
             torch_side = by_family(got["torch"]["kernels"], 1)
             loading = sum(v[1] for k, v in got["torch"]["kernels"].items() if k.startswith(DATA_LOADING))
             for label in (k for k in got if k != "torch"):
                 ms_side = by_family(got[label]["kernels"], 0)
-                print("%s basic step, per step: %s (%s) against torch (%s)" % (
-                    size, label, got[label]["layer"], got["torch"]["layer"]))
+                print("%s %s basic step, per step: %s (%s) against torch (%s)" % (
+                    size, "op-by-op" if args.op_by_op else "compiled", label, got[label]["layer"],
+                    got["torch"]["layer"]))
                 print("  %-80s %8s %9s %8s %9s %7s" % ("kernel family", "calls", "ms", "calls", "ms", "ratio"))
                 for family in list(KERNEL_FAMILIES) + ["other"]:
                     m, t = ms_side[family], torch_side[family]

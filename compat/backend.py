@@ -38,6 +38,7 @@ def _import_torch_api_on_mindspore():
             ".venv/bin/python, or pick --backend torch" % exc) from None
     errors = []
     if importlib.util.find_spec("mindtorch") is not None:
+        _synchronous_launch(mindspore)
         try:
             shims.apply()
         except Exception as exc:  # a MindSpore whose internals moved again: report it with the import error
@@ -68,6 +69,19 @@ def _import_torch_api_on_mindspore():
                     "(see requirements.txt)" % "; ".join(errors))
 
 
+def _synchronous_launch(mindspore):
+    """MindSpore 2.6 (the mindtorch stack): PyNative mode with synchronous op launch, set before the first op
+    runs (the torch-API layer's import and `shims.apply_after_import` run ops). By default 2.6 hands every op
+    to a launch thread, which on a machine with few cores competes with the kernels. Set after any op has run,
+    the setting does not take: then every op of the older kind (an `Assign`, as optimizer, fast-weight and
+    running-statistics updates run) waits for the launch thread to catch up, and a step's many small updates
+    cost more than its kernels (docs/mindtorch.md). Not on MindSpore 2.0 (MSAdapter), whose launch is left as
+    it was measured."""
+    if mindspore.__version__.startswith("2.0."):
+        return
+    mindspore.set_context(mode=mindspore.PYNATIVE_MODE, pynative_synchronize=True)
+
+
 def load():
     """Import the selected backend and return a dict describing it."""
     name = requested_backend()
@@ -85,11 +99,6 @@ def load():
     torch, nn, F, layer, layer_version = _import_torch_api_on_mindspore()
     import mindspore
     mindspore.set_context(mode=mindspore.PYNATIVE_MODE)
-    if layer == "mindtorch.torch":
-        # MindSpore 2.6's PyNative runs ops asynchronously; on a 2-core CPU its launch thread competes with the
-        # kernels and a training step takes 3x longer and varies from run to run. Synchronous launch is as
-        # fast as MSAdapter on 2.0.0.
-        mindspore.set_context(pynative_synchronize=True)
     # MSAdapter forces the 'spawn' start method when imported; its own workers then die and so do
     # mindspore.dataset worker processes. Fork is what both loaders were written for on Linux.
     if os.name == "posix":

@@ -63,8 +63,8 @@ in), and each graph gets a directory of its own, named by a hash of that key, it
 and dtypes, the owner's parameter names and shapes, the MindSpore / torch-API versions and the source of
 compat/ and reid/: any change there builds (and saves) anew. The cache is on only while such a graph is
 built. Graphs MindSpore cannot write to its cache (the training-step graphs: "Cannot export a interpret node
-in MindIR") are built again without it: MODEL.JIT's graphs are therefore not given a key. Only on MindSpore
-2.0 (`cache_supported`): on 2.6.0.dev a graph loaded this way gave wrong features.
+in MindIR") are built again without it: MODEL.JIT's graphs are therefore not given a key. The weights are
+registered with the executor `mindspore.jit` compiles with (`_graph_executor`: MindSpore 2.6 has two).
 
 Memory (MindSpore 2.0): building a graph leaves MindSpore's front end holding ~1.2-3 GB at demo size, whatever
 the input size (type inference copies every called function per call site; the copies form reference cycles
@@ -95,13 +95,22 @@ import numpy as np
 
 import compat as _c
 
-_state = {"graph": False, "threads": None, "cache_dir": None, "source": None, "helper_thread": True, "helper": None}
+_state = {"graph": False, "grad_graph": False, "threads": None, "cache_dir": None, "source": None,
+          "helper_thread": True, "helper": None}
 log = print  # replaced by callers that log elsewhere; the compile-time line is printed once per graph
 
 
 def in_graph():
     """True while MindSpore builds a graph: a branch on it is resolved then, once, and baked into the graph."""
     return _state["graph"]
+
+
+def state_through_gradients():
+    """True while MindSpore builds a differentiated graph (`value_and_grad`) on a MindSpore that cannot run
+    side effects in one (2.6, the mindtorch stack: `stateless_steps`). Code that updates module state (the
+    batch norms' running statistics) then writes nothing in the graph: it hands the update out through the
+    gradient of the state Parameter (`compat.norm`), and `value_and_grad` applies it after the call."""
+    return _state["grad_graph"]
 
 
 def eager_only(fn):
@@ -226,29 +235,23 @@ def _direct_construct(model):
 
 
 def steps_supported():
-    """Whether compiled training steps (MODEL.JIT) build on this stack: MindSpore 2.0 (MSAdapter). On the mindtorch
-    stack's MindSpore 2.6.0.dev the demo network's basic-step graph had not finished building after 20 minutes
-    (measured 2026-11-26: one core busy in the runtime's GraphScheduler::LinkControlArrowByAutoMonad, recursing
-    over the graph's side effects, memory flat), and the meta-train graph stops at its build ("The id found is
-    out of value tuple index", at the objective's dict of loss terms: 2.6 handles dicts in graphs differently),
-    so MODEL.JIT runs op by op there."""
-    return _c.IS_MINDSPORE and _is_mindspore_2_0()
+    """Whether compiled training steps (MODEL.JIT) build on this stack: on both MindSpore stacks (on 2.6 through
+    `stateless_steps`)."""
+    return _c.IS_MINDSPORE
+
+
+def stateless_steps():
+    """Whether differentiated graphs must be free of side effects here: MindSpore 2.6 (the mindtorch stack). Its
+    runtime did not finish linking the demo network's basic-step graph (one core in
+    GraphScheduler::LinkControlArrowByAutoMonad, recursing over the batch norms' Parameter writes), and a dict
+    output of a differentiated graph fails to build there; `value_and_grad` and `compat.norm` build such graphs
+    without both (tools/ms26_defects.py shows the two defects)."""
+    return _c.IS_MINDSPORE and not _is_mindspore_2_0()
 
 
 def enabled(flag):
     """Whether a MODEL.JIT setting means compiled training steps here (torch runs eagerly; see steps_supported)."""
     return bool(flag) and steps_supported()
-
-
-def op_by_op_reason(flag):
-    """The one line to print when MODEL.JIT asks for compiled steps that this MindSpore stack runs op by op
-    ('' otherwise: torch, MindSpore 2.0, or MODEL.JIT False)."""
-    if not flag or not _c.IS_MINDSPORE or steps_supported():
-        return ""
-    import mindspore
-    return ("MODEL.JIT: compiled training steps run on MindSpore 2.0 only (on 2.6.0.dev their first graph did not "
-            "finish building in 20 minutes); training op by op on MindSpore %s (MODEL.JIT False silences this)"
-            % mindspore.__version__)
 
 
 def swap_in(params, steps):
@@ -295,7 +298,12 @@ def default_threads():
 def set_threads(num_threads=None):
     """Size MindSpore's CPU kernel pool: `num_threads`, or (0/None) `default_threads()`. Runs at import of
     compat with the default; MODEL.NUM_THREADS > 0 calls it again. Returns the count (None on torch, which
-    keeps its own setting)."""
+    keeps its own setting).
+
+    MindSpore 2.6 (the mindtorch stack) also gets as many threads to run a graph's kernels side by side
+    (`inter_op_parallel_num`, at least 2): with its default some training-step graphs (the basic step's of a
+    graph per step kind) ran at half the speed of others of the same size, the calling thread spinning while
+    it waited for them (docs/mindtorch.md)."""
     if not _c.IS_MINDSPORE:
         return None
     n = int(num_threads) if num_threads else default_threads()
@@ -304,6 +312,8 @@ def set_threads(num_threads=None):
     if _state["threads"] != n:
         import mindspore
         mindspore.set_context(runtime_num_threads=n)
+        if not _is_mindspore_2_0():
+            mindspore.set_context(inter_op_parallel_num=max(2, n))
         _state["threads"] = n
     return n
 
@@ -325,6 +335,8 @@ def _jit(fn):
     import mindspore
     _check_graph_name(fn)
     if _state.get("jit_level"):
+        if not _is_mindspore_2_0():  # 2.6: a keyword of jit itself
+            return mindspore.jit(fn, jit_level=_state["jit_level"])
         return mindspore.jit(fn, jit_config=mindspore.JitConfig(jit_level=_state["jit_level"]))
     return mindspore.jit(fn)
 
@@ -344,14 +356,6 @@ def _is_mindspore_2_0():
     2.6.0.dev."""
     import mindspore
     return mindspore.__version__.startswith("2.0.")
-
-
-def cache_supported():
-    """Whether graphs are cached on this MindSpore at all: only on 2.0, where the guards above were worked out
-    and a loaded graph is tested to give the built one's outputs. On 2.6.0.dev (the mindtorch stack) a graph
-    loaded from the cache gave features with relative error 1.0 against the built graph's (tests/test_compiled.py),
-    so there every graph is built."""
-    return _is_mindspore_2_0()
 
 
 def _source_digest():
@@ -417,13 +421,12 @@ def _cache_on(name, owner, key, args):
     """Before building a cached graph (a cache folder is set, and the caller named an owner and a key): switch
     MindSpore's compile cache on, aimed at this graph's own folder, with the owner's weights registered.
     Returns that folder, else None (cache left off)."""
-    if _state["cache_dir"] is None or owner is None or key is None or not cache_supported():
+    if _state["cache_dir"] is None or owner is None or key is None:
         return None
     import mindspore
-    from mindspore._c_expression import GraphExecutor_
     folder = _graph_dir(name, owner, key, args)
     _fixed_dependencies()
-    GraphExecutor_.get_instance().set_weights_values(_weights(owner))
+    _graph_executor().set_weights_values(_weights(owner))
     mindspore.set_context(enable_compile_cache=True, compile_cache_path=folder)
     return folder
 
@@ -432,9 +435,20 @@ def _cache_off():
     """After building a cached graph: the cache off again, so that no other graph is saved or loaded. (The
     context flag alone does not do it: MindSpore caches while the executor holds dependency files.)"""
     import mindspore
-    from mindspore._c_expression import GraphExecutor_
     mindspore.set_context(enable_compile_cache=False)
-    GraphExecutor_.get_instance().set_compile_cache_dep_files([])
+    _graph_executor().set_compile_cache_dep_files([])
+
+
+def _graph_executor():
+    """The executor `mindspore.jit` builds and loads graphs with: MindSpore 2.0 has one; 2.6 a second one for
+    functions compiled in PyNative mode (`JitExecutor_`, where `_run_jit_pipeline()`), which is the one whose
+    registered weights a graph loaded from the cache binds to. (Registered with the first one instead, a
+    loaded evaluation graph ran without them: its features were all zeros.)"""
+    from mindspore import _c_expression
+    run_jit = getattr(_c_expression, "_run_jit_pipeline", None)
+    if run_jit is not None and run_jit():
+        return _c_expression.JitExecutor_.get_instance()
+    return _c_expression.GraphExecutor_.get_instance()
 
 
 def release_supported():
@@ -634,8 +648,8 @@ class _Timed:
     before it: MindSpore compiles the graph's kernels on its first run, which needs them) and every later
     call runs the built graph directly (`_run_built`)."""
 
-    def __init__(self, jitted, name, owner=None, key=None):
-        self.jitted, self.name, self.owner, self.key = jitted, name, owner, key
+    def __init__(self, jitted, name, owner=None, key=None, grad=False):
+        self.jitted, self.name, self.owner, self.key, self.grad = jitted, name, owner, key, grad
         self.compile_seconds, self.compile_cpu_seconds, self.loaded, self.phase = None, None, None, None
         # resident MB before the build, after it, after releasing its leftovers (None where not measured)
         self.memory = (None, None, None)
@@ -663,7 +677,7 @@ class _Timed:
         folder = _cache_on(self.name, self.owner, self.key, args)
         before = _cache_files(folder) if folder else {}
         note = "; cached in %s" % folder if folder else ""
-        _state["graph"] = True
+        _state["graph"], _state["grad_graph"] = True, self.grad
         _swap_forms(True)
         try:
             out = self.jitted(*args)
@@ -676,7 +690,7 @@ class _Timed:
             folder, note = None, "; not cacheable (%s)" % str(exc).strip().splitlines()[0]
             out = self.jitted(*args)
         finally:
-            _state["graph"] = False
+            _state["graph"], _state["grad_graph"] = False, False
             _swap_forms(False)
             if folder is not None:
                 _cache_off()
@@ -728,37 +742,88 @@ def compiled(fn, name, owner=None, key=None):
     return call
 
 
-def value_and_grad(fn, params, name):
-    """Compiled counterpart of `compat.value_and_grad`: `fn(*args)` returns a scalar loss or (loss, aux dict of
-    scalars); the call returns (loss, aux, grads), one gradient per parameter (zero where unused). On torch
-    this is `compat.value_and_grad` (eager). Never cached: MindSpore 2.0 cannot write these graphs to its
-    compile cache ("Cannot export a interpret node in MindIR")."""
-    params = list(params)
+def value_and_grad(fn, params, name, state=()):
+    """Compiled counterpart of `compat.value_and_grad`: `fn(*args)` returns a scalar loss or (loss, aux), aux a
+    dict of scalars or a tuple of such dicts; the call returns (loss, aux, grads), one gradient per parameter
+    (zero where unused). On torch this is `compat.value_and_grad` (eager). Never cached: MindSpore 2.0 cannot
+    write these graphs to its compile cache ("Cannot export a interpret node in MindIR").
+
+    `state`: the Parameters `fn` updates as module state (running statistics), in a graph built in a mode
+    that updates them. MindSpore 2.0 writes them inside the graph. Where the graph cannot hold side effects
+    (`stateless_steps`: MindSpore 2.6) the graph is built with `state_through_gradients()` True: the updates
+    come back as the gradients of these Parameters, added to them here after the call, so the caller sees
+    the same effect (`call(..., update_state=False)` drops it; `call.state_outside` says whether the update
+    is applied here or inside the graph). There, too, aux dicts leave the graph as tuples of values (a dict output of a
+    differentiated graph fails to build on 2.6) and are rebuilt here with the keys read while it was built."""
+    params, state = list(params), list(state)
     if not _c.IS_MINDSPORE:
         return _c.value_and_grad(fn, params)
     import mindspore
     torch = _c.torch
-
+    stateless = stateless_steps()
+    state = state if stateless else []
+    token = "%s#%d" % (name, len(_AUX_KEYS))   # this graph's entry in _AUX_KEYS (names repeat across models)
+    _AUX_KEYS[token] = {}
     def loss_and_aux(*args):
         loss, aux = _split(fn(*args))
         if aux is None:  # has_aux needs an aux output: a detached copy of the loss, dropped again below
             return loss, loss
+        if stateless:
+            # dicts leave as tuples of values, converted before the differentiation (a lone dict made into a
+            # tuple of one): a dict output of the differentiated function fails to build on 2.6, and one taken
+            # apart after it (`tuple(aux.values())`) made the graph run several times slower
+            if isinstance(aux, dict):
+                _note_aux_keys_c(token, "lone", True)
+                aux = (aux,)
+            values = ()
+            index = 0
+            for part in aux:
+                _note_aux_keys_c(token, index, tuple(part.keys()))
+                values = values + (tuple(part.values()),)
+                index = index + 1
+            return loss, values
         return loss, aux
 
-    grad_fn = mindspore.value_and_grad(loss_and_aux, None, params, has_aux=True)
+    grad_fn = mindspore.value_and_grad(loss_and_aux, None, params + state, has_aux=True)
 
     def graph_fn(*args):
         (loss, aux), grads = grad_fn(*args)
         return loss, aux, grads
     graph_fn.__name__ = graph_fn.__qualname__ = name
-    run = _Timed(_jit(graph_fn), name)
+    run = _Timed(_jit(graph_fn), name, grad=stateless)
 
-    def call(*args):
+    def call(*args, update_state=True):
         loss, aux, grads = run(*args)
-        aux = None if _c.is_tensor(aux) else _cast_tree(aux, torch)
-        return _cast_tree(loss, torch), aux, tuple(_cast_tree(g, torch) for g in grads)
+        if _c.is_tensor(aux):
+            aux = None
+        else:
+            aux = _cast_tree(_with_keys(aux, _AUX_KEYS[token] or None), torch)
+        n = len(params)
+        if update_state:
+            for p, step in zip(state, grads[n:]):
+                _ms_ops.assign_add(p, step)
+        return _cast_tree(loss, torch), aux, tuple(_cast_tree(g, torch) for g in grads[:n])
     call.graph = run
+    call.state_outside = bool(state)  # the state update is applied here (update_state=False: dropped)
     return call
+
+
+_AUX_KEYS = {}  # graph token -> {i: keys of the i-th dict of its aux tuple; "lone": True where aux was one dict}
+
+
+def _note_aux_keys(name, index, keys):
+    """Evaluated while graph `name` is built (a compile-time constant op): the keys of its aux dict(s)."""
+    _AUX_KEYS[name][index] = keys
+    return 0
+
+
+def _with_keys(values, keys):
+    """aux as the graph gave it (values) back into dicts with the keys `_note_aux_keys` recorded; None:
+    unchanged."""
+    if keys is None:
+        return values
+    dicts = tuple(dict(zip(keys[i], v)) for i, v in enumerate(values))
+    return dicts[0] if keys.get("lone") else dicts
 
 
 def _cast_tree(obj, torch):
@@ -773,3 +838,4 @@ def _cast_tree(obj, torch):
 
 if _c.IS_MINDSPORE:
     from mindspore import ops as _ms_ops
+    _note_aux_keys_c = _ms_ops.constexpr(_note_aux_keys, check=False)

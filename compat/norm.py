@@ -20,7 +20,7 @@ import numpy as np
 
 import compat as _c
 from compat.errors import UserError
-from compat.jit import eager_only, in_graph
+from compat.jit import eager_only, in_graph, state_through_gradients
 from compat.tensor import assign_
 
 MODES = ("general", "hold", "eval")
@@ -61,6 +61,9 @@ def batch_norm(x, running_mean, running_var, weight=None, bias=None, mode="gener
                num_splits=1):
     if mode not in MODES:
         raise ValueError("batch_norm mode must be one of general, hold, eval; got %r" % (mode,))
+    if in_graph() and _c.IS_MINDSPORE and state_through_gradients():
+        return _stateless_graph_batch_norm(x, running_mean, running_var, weight, bias, mode, momentum, eps,
+                                           int(num_splits))
     if (in_graph() and _c.IS_MINDSPORE and not _c.IS_MINDTORCH and (mode == "eval" or int(num_splits) == 1)
             and weight is not None and bias is not None):  # MSAdapter (its adapter-tensor cast)
         return _graph_batch_norm(x, running_mean, running_var, weight, bias, mode, momentum, eps)
@@ -112,8 +115,6 @@ def instance_norm(x, weight=None, bias=None, eps=1e-5):
     if not _c.IS_MINDSPORE:
         return _c.F.instance_norm(x, None, None, weight, bias, True, 0.1, eps)
     if in_graph():
-        if _c.IS_MINDTORCH:  # MindSpore 2.6 finds no graph evaluator for the signature-free kernel class
-            return _reduced_instance_norm(x, weight, bias, eps)
         return _graph_instance_norm(x, weight, bias, eps)
     shape = tuple(x.shape)
     n = shape[0]
@@ -126,14 +127,6 @@ def instance_norm(x, weight=None, bias=None, eps=1e-5):
 
 # --------------------------------------------------------------------------- MindSpore fused kernel
 _MS = {}
-
-
-def _reduced_instance_norm(x, weight, bias, eps):
-    """Instance norm of (N, C, H, W) by two-pass reductions (compiled on the mindtorch stack)."""
-    mean = x.mean((2, 3), keepdim=True)
-    centred = x - mean
-    var = (centred * centred).mean((2, 3), keepdim=True)
-    return _affine(centred / _c.torch.sqrt(var + eps), weight, bias, 4)
 
 
 def _graph_instance_norm(x, weight, bias, eps):
@@ -160,9 +153,18 @@ def _instance_shape(shape):
 
 
 def _stateless_bn(eps):
+    """The training BatchNorm kernel as a pure op (`_StatelessBatchNorm`; on MindSpore 2.6, which finds no graph
+    evaluator for a subclass of the kernel's class, the kernel's own class with its signature and side-effect
+    flag dropped on the instance: the same thing)."""
     key = ("stateless", float(eps))
     if key not in _BN_PRIMS:
-        _BN_PRIMS[key] = _StatelessBatchNorm(float(eps))
+        if _is_mindspore_2_0():
+            _BN_PRIMS[key] = _StatelessBatchNorm(float(eps))
+        else:
+            prim = _P.BatchNorm(is_training=True, epsilon=float(eps), momentum=0.0)
+            prim.set_signatures(tuple())
+            prim.del_prim_attr("side_effect_mem")
+            _BN_PRIMS[key] = prim
     return _BN_PRIMS[key]
 
 
@@ -250,6 +252,60 @@ def _graph_batch_norm(x, running_mean, running_var, weight, bias, mode, momentum
     return _TO_TORCH(y)
 
 
+def _stateless_graph_batch_norm(x, running_mean, running_var, weight, bias, mode, momentum, eps, num_splits):
+    """Batch norm inside a differentiated graph on MindSpore 2.6 (`compat.jit.state_through_gradients`), with no
+    side effect: MindSpore 2.6's runtime did not finish linking a training-step graph whose batch norms write
+    their Parameters (the fused kernel's moving statistics, the Assign of torch's update; tools/ms26_defects.py).
+    The kernel runs as a pure op (`_stateless_bn`) and, in mode 'general', torch's running-statistics update
+    leaves the graph as the gradient of the running statistics (`_statistics_tap`): `compat.jit.value_and_grad`
+    adds it to them after the call. Chunks (`num_splits` > 1) as `_split_batch_norm`: statistics per chunk,
+    the update from chunk 0."""
+    shape = x.shape
+    x4 = _RESHAPE(x, _shape4_c(shape)) if len(shape) < 4 else x
+    channels = _channels_c(shape)
+    ones, zeros = _FILL(_mstype.float32, channels, 1.0), _FILL(_mstype.float32, channels, 0.0)
+    scale = weight if weight is not None else ones
+    offset = bias if bias is not None else zeros
+    if mode == "eval":
+        y = _bn_prim_c(False, eps)(x4, scale, offset, running_mean, running_var)[0]
+    elif num_splits == 1:
+        y = _tapped_bn(x4, scale, offset, running_mean, running_var, mode, momentum, eps, ones, zeros)
+    else:
+        size = shape[0] // num_splits
+        outs = ()
+        for i in range(num_splits):
+            part = x4[i * size:(i + 1) * size]
+            outs = outs + (_tapped_bn(part, scale, offset, running_mean, running_var, mode if i == 0 else "hold",
+                                      momentum, eps, ones, zeros),)
+        y = _CONCAT(outs)
+    if len(shape) < 4:
+        y = _RESHAPE(y, shape)
+    return _TO_TORCH(y)
+
+
+def _tapped_bn(x4, scale, offset, running_mean, running_var, mode, momentum, eps, ones, zeros):
+    """The pure training kernel on x4; in mode 'general' its output passes the statistics tap."""
+    out = _stateless_bn_c(eps)(x4, scale, offset, zeros, ones)
+    if mode != "general":
+        return out[0]
+    batch_mean = _STOP_GRADIENT(out[3])
+    kind = _saved_var_kind()
+    if kind == "biased":
+        batch_var = _STOP_GRADIENT(out[4]) * _bessel_c(x4.shape)
+    elif kind == "unbiased":
+        batch_var = _STOP_GRADIENT(out[4])
+    else:
+        batch_var = _unbiased_batch_var(out[4], x4, _count_c(x4.shape))
+    # torch's update as lerp's own arithmetic, old + m * (batch - old), of which the tap hands out the step
+    step_mean = _STOP_GRADIENT((batch_mean - running_mean) * float(momentum))
+    step_var = _STOP_GRADIENT((batch_var - running_var) * float(momentum))
+    return _STATISTICS_TAP(out[0], running_mean, running_var, step_mean, step_var)
+
+
+def _channels(shape):
+    return (int(shape[1]),)
+
+
 def _shape4(shape):
     return tuple(shape) + (1,) * (4 - len(shape))
 
@@ -320,6 +376,7 @@ def _ms_batch_norm(x, weight, bias, eps, mode, running_mean=None, running_var=No
 
 
 if _c.IS_MINDSPORE:
+    import mindspore
     from mindspore import ops as _ops
     from mindspore.ops import operations as _P
     from mindspore.ops._primitive_cache import _get_cache_prim as _prim_cache
@@ -333,6 +390,9 @@ if _c.IS_MINDSPORE:
     _RESHAPE, _ASSIGN, _LERP, _STOP_GRADIENT = _P.Reshape(), _P.Assign(), _P.Lerp(), _P.StopGradient()
     _TILE, _FILL = _P.Tile(), _P.Fill()
     _instance_shape_c = _ops.constexpr(_instance_shape, check=False)
+    _channels_c = _ops.constexpr(_channels, check=False)
+    _CONCAT = _P.Concat(0)
+    from compat.jit import _is_mindspore_2_0
     _TO_TORCH = _inner_ops.convert_to_adapter_tensor
     from mindspore.common import dtype as _mstype
 
@@ -349,3 +409,19 @@ if _c.IS_MINDSPORE:
             self.del_prim_attr("side_effect_mem")
 
     _stateless_bn_c = _ops.constexpr(_stateless_bn, check=False)
+
+    class _StatisticsTap(mindspore.nn.Cell):
+        """Identity on `y` whose backward hands out two given values as the gradients of two Parameters:
+        `tap(y, running_mean, running_var, step_mean, step_var)` gives `step_mean` / `step_var` as the gradients
+        of the running statistics (their update, computed in the forward), `y`'s gradient unchanged. So a
+        differentiated graph returns its batch norms' running-statistics updates with the other gradients, and
+        writes nothing (`_stateless_graph_batch_norm`). A statistic whose layer does not reach the loss gets a
+        zero step: it stays as it was."""
+
+        def construct(self, y, running_mean, running_var, step_mean, step_var):
+            return y
+
+        def bprop(self, y, running_mean, running_var, step_mean, step_var, out, dout):
+            return dout, step_mean, step_var, _ops.zeros_like(step_mean), _ops.zeros_like(step_var)
+
+    _STATISTICS_TAP = _StatisticsTap()

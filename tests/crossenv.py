@@ -89,12 +89,3 @@ def run_case(backend, target, **kwargs):
 def both(target, **kwargs):
     """(mindspore result, torch result) of one case."""
     return run_case("mindspore", target, **kwargs), run_case("torch", target, **kwargs)
-
-
-def skip_on_mindtorch(measured, covered_by):
-    """skipif mark for a test left out on the mindtorch stack (.venv-mindtorch), where `make test` cannot run
-    every trainer test within its 20 minutes: `measured` is the test's cost measured there, `covered_by` where
-    what it checks is checked on that stack or why it does not depend on the layer."""
-    import compat
-    return pytest.mark.skipif(compat.IS_MINDTORCH, reason="left out on the mindtorch stack (%s): %s"
-                              % (measured, covered_by))

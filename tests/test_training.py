@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from reid.config import augmentation_off_opts
-from tests.crossenv import ROOT, child_env, run_cases, skip_on_mindtorch
+from tests.crossenv import ROOT, child_env, run_cases
 from tests.parity import assert_update_matches
 
 # Augmentation off so that both backends see identical pixels; 3 tiny synthetic domains -> the 4th.
@@ -146,13 +146,9 @@ FAST_STEP_COSINE = 0.997
 STEP_TOTAL_TOL, STEP_TENSOR_TOL = STEP_TOLS[1]
 
 
-# Costs on the mindtorch stack below: CPU seconds of the test's processes, measured in one niced run on the
-# loaded 2-core machine (load 8-13); `make test` runs the other trainer tests there.
 @pytest.mark.parity
 @pytest.mark.parametrize("splits,iterations", [
-    pytest.param(1, 20, marks=skip_on_mindtorch(
-        "361 CPU-s", "step parity there is the 2-chunk case (basic and meta steps; each chunk goes through the "
-        "single-split batch norm) and the single-split meta step against the MAML reference (test_training_spec)")),
+    (1, 20),
     (2, 7)])
 def test_steps_match_between_backends(synth_root, tmp_path, splits, iterations):
     """20 iterations (2 + 19 basic steps, 7 meta steps) at demo width (depth 26x, TINY) with single-device semantics (as
@@ -312,9 +308,6 @@ def demo_recipe_overrides():
 
 @pytest.mark.parity
 @pytest.mark.slow
-@skip_on_mindtorch("144 CPU-s, 130 s; passes there, projection 1.00001", "step parity there is "
-                   "test_steps_match_between_backends[2-7]; this one adds the demo recipe's solver and init, which "
-                   "go through the same optimizer and norm code")
 def test_demo_recipe_steps_match_between_backends(synth_root, tmp_path):
     """The step comparison above on the demo's recipe (zero-initialised residual scales, its learning rate with
     the heads' factor, its schedule), which the parity bounds above were not measured on: 10 iterations (2 + 9
@@ -343,8 +336,6 @@ def test_demo_recipe_steps_match_between_backends(synth_root, tmp_path):
     assert abs(np.mean(projections) - 1.0) < 0.01, projections
 
 
-@skip_on_mindtorch("201 CPU-s", "resume there is test_checkpoint_written_by_torch_resumes_on_mindspore: a "
-                   "checkpoint resumed on that stack draws the same batches and makes the same first update as torch")
 def test_resume_continues_the_same_trajectory(synth_root, tmp_path):
     """8 iterations straight vs 5 + resume from the checkpoint after iteration 4 (a meta step follows at 6;
     augmentation on, so the per-sample augmentation streams and sampler positions must be restored too)."""
@@ -437,8 +428,6 @@ def test_checkpoint_written_by_torch_resumes_on_mindspore(synth_root, tmp_path):
     assert_update_matches(pt["before"], ms["after"], pt["after"], STEP_TOTAL_TOL, STEP_TENSOR_TOL, "first resumed step")
 
 
-@skip_on_mindtorch("52 CPU-s", "the NaN stop is trainer logic on the loss as a Python float, checked on MSAdapter "
-                   "and torch")
 def test_nan_loss_stops_and_keeps_the_last_checkpoint(synth_root, tmp_path, monkeypatch):
     from reid.engine import trainer as trainer_mod
     out = str(tmp_path / "nan")
@@ -461,8 +450,6 @@ def test_nan_loss_stops_and_keeps_the_last_checkpoint(synth_root, tmp_path, monk
     assert state["iteration"] == 1
 
 
-@skip_on_mindtorch("155 CPU-s", "steps on that stack equal torch's (test_steps_match_between_backends[2-7]), "
-                   "so the loss goes down as on torch")
 def test_training_reduces_the_loss_on_a_fixed_batch(synth_root, tmp_path):
     """Learning, cheaply: 25 basic steps on one batch bring its loss far down (both backends run this)."""
     t = _trainer(synth_root, str(tmp_path / "fit"), NO_AUG + ["META.ENABLED", "False"])
@@ -656,9 +643,6 @@ def _records(path):
 
 
 @pytest.mark.slow
-@skip_on_mindtorch("79 CPU-s", "the supervisor is backend-neutral (stand-in processes in test_engine_loop.py) and "
-                   "is run here on MSAdapter, whose native crashes it is for; resume on that stack is "
-                   "test_checkpoint_written_by_torch_resumes_on_mindspore")
 def test_supervised_training_survives_sigkill_and_sigsegv(cli_run, synth_root, tmp_path):
     """train.py with cli_run's arguments (supervised: --max-restarts defaults to 3; a checkpoint after every
     iteration). Its training process is killed with SIGKILL once it has saved the checkpoint of iteration 0,

@@ -100,8 +100,9 @@ class StepFunctions:
         self.settings, self.offsets, self.num_splits = dict(settings), tuple(int(o) for o in offsets), int(num_splits)
         self.compiled = bool(compiled) and compat.IS_MINDSPORE
         self.shared_graph = bool(shared_graph) and self.compiled
-        # what a graph built in BN mode 'general' writes: put back after the shared graph's meta-train calls
-        self.buffers = [b for _, b in model.named_buffers()] if self.shared_graph else []
+        # what a graph built in BN mode 'general' writes (the running statistics): put back after the shared
+        # graph's meta-train calls, and given to compat.jit.value_and_grad as the state such graphs update
+        self.buffers = [b for _, b in model.named_buffers()] if self.compiled else []
         # op by op with num_splits > 1: one forward per chunk (the caller then sets model.num_splits 1, so that
         # the batch norms take each chunk's statistics); compiled steps always run one forward
         self.chunk_forwards = bool(chunk_forwards) and not self.compiled
@@ -132,6 +133,10 @@ class StepFunctions:
         statistics updated in basic steps only; returns the step's own terms."""
         basic = kind == "basic"
         weights = tuple(compat.as_tensor(np.float32(w)) for w in ((1.0, 0.0) if basic else (0.0, 1.0)))
+        if fn.state_outside:  # the graph hands its running-statistics update out: applied in basic steps only
+            with bn_mode(self.model, BN_MODES["basic"]):
+                loss, (terms_basic, terms_mtrain), grads = fn(*(args + weights), update_state=basic)
+            return loss, terms_basic if basic else terms_mtrain, grads
         saved = None if basic else compat.jit.snapshot(self.buffers)
         try:
             with bn_mode(self.model, BN_MODES["basic"]):
@@ -187,7 +192,7 @@ class StepFunctions:
                 total_basic, terms_basic = step_objective("basic", out, batch, settings, offsets, num_splits)
                 total_mtrain, terms_mtrain = step_objective("mtrain", out, batch, settings, offsets, num_splits)
                 return total_basic * weight_basic + total_mtrain * weight_mtrain, (terms_basic, terms_mtrain)
-            return compat.jit.value_and_grad(shared_loss, self.params, "basic_mtrain_loss")
+            return compat.jit.value_and_grad(shared_loss, self.params, "basic_mtrain_loss", state=self.buffers)
         if self.compiled:
             # the domains of each chunk (`_graph_key`), chosen here so that the graph holds one form: the basic
             # step every domain (weighted by presence inside), a meta step its id arguments regrouped by `key`
@@ -206,7 +211,8 @@ class StepFunctions:
                 out = train_dict(model(images))  # compiled, the train-mode forward returns a tuple
                 return step_objective(kind, out, {"targets": targets, "domains": domains, "present": present_of(ids)},
                                       settings, offsets, num_splits)
-            return compat.jit.value_and_grad(compiled_loss, self.params, name)
+            state = self.buffers if BN_MODES[kind] == "general" else ()
+            return compat.jit.value_and_grad(compiled_loss, self.params, name, state=state)
 
         present = key
         name = "%s_loss_%s" % (kind, signature(present))

@@ -128,9 +128,6 @@ class Trainer(TrainLoop):
         self.dist.broadcast_(list(named_state(self.model).values()))
         self.num_splits = local_splits(int(cfg.MODEL.NUM_SPLITS), self.dist.world_size)
         self.compiled = compat.jit.enabled(cfg.MODEL.JIT)
-        reason = compat.jit.op_by_op_reason(cfg.MODEL.JIT)  # the mindtorch stack: op by op, and says so
-        if reason and not quiet and self.dist.is_main:
-            print(reason)
         # MODEL.CHUNK_FORWARDS: one forward per chunk (the step functions split the batch; the batch norms see
         # one chunk), else one forward with per-chunk batch-norm statistics (always so in compiled steps)
         self.chunk_forwards = bool(cfg.MODEL.CHUNK_FORWARDS) and not self.compiled
