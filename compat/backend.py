@@ -77,9 +77,16 @@ def _synchronous_launch(mindspore):
     running-statistics updates run) waits for the launch thread to catch up, and a step's many small updates
     cost more than its kernels (docs/mindtorch.md). Not on MindSpore 2.0 (MSAdapter), whose launch is left as
     it was measured."""
-    if mindspore.__version__.startswith("2.0."):
+    if is_mindspore_2_0():
         return
     mindspore.set_context(mode=mindspore.PYNATIVE_MODE, pynative_synchronize=True)
+
+
+def is_mindspore_2_0():
+    """Whether the framework is MindSpore 2.0 (the MSAdapter stack), which compat's workarounds for 2.0 were
+    written against; the mindtorch stack runs 2.6.0.dev."""
+    import mindspore
+    return mindspore.__version__.startswith("2.0.")
 
 
 def load():

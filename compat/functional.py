@@ -5,7 +5,7 @@ tensor, whose gradient is missing, so d/dx treats the norm partly as a constant 
 gradients are not). Built here from `torch.norm`, whose gradient is correct.
 """
 import compat as _c
-from compat.jit import eager_only, in_graph
+from compat.graph_mode import eager_only, in_graph
 
 
 def normalize(x, p=2.0, dim=1, eps=1e-12):

@@ -15,7 +15,7 @@ import sys
 import types
 
 import compat as _c
-from compat.jit import in_graph
+from compat.graph_mode import in_graph
 
 THIN = ("conv2d", "linear", "relu", "softmax")
 MODULE_NAME = "compat.graph_ops.functional"

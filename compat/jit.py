@@ -94,47 +94,11 @@ import time
 import numpy as np
 
 import compat as _c
+from compat.backend import is_mindspore_2_0
+from compat.graph_mode import eager_only, in_graph, set_building, state_through_gradients  # noqa: F401 (public here)
 
-_state = {"graph": False, "grad_graph": False, "threads": None, "cache_dir": None, "source": None,
-          "helper_thread": True, "helper": None}
+_state = {"threads": None, "cache_dir": None, "source": None, "helper_thread": True, "helper": None}
 log = print  # replaced by callers that log elsewhere; the compile-time line is printed once per graph
-
-
-def in_graph():
-    """True while MindSpore builds a graph: a branch on it is resolved then, once, and baked into the graph."""
-    return _state["graph"]
-
-
-def state_through_gradients():
-    """True while MindSpore builds a differentiated graph (`value_and_grad`) on a MindSpore that cannot run
-    side effects in one (2.6, the mindtorch stack: `stateless_steps`). Code that updates module state (the
-    batch norms' running statistics) then writes nothing in the graph: it hands the update out through the
-    gradient of the state Parameter (`compat.norm`), and `value_and_grad` applies it after the call."""
-    return _state["grad_graph"]
-
-
-def eager_only(fn):
-    """Decorator for code that needs Python: argument checks (label ranges, UserError), host-side bookkeeping.
-
-    Op by op the function runs on every call with the real arguments and its result is returned. Inside a
-    compiled function it becomes a compile-time constant op whose body is skipped and which returns None
-    (tensor arguments have no values while the graph is built): the checks cost nothing there and the parser
-    never sees their `raise` / `import` statements. (MindSpore parses every function a compiled function
-    may call, even in branches that are never taken, so such code must sit behind this decorator.)
-    """
-    if not _c.IS_MINDSPORE:
-        return fn
-
-    from mindspore import ops
-
-    def run(*args):
-        if _state["graph"]:
-            return None
-        return fn(*args)
-
-    run.__name__ = fn.__name__
-    run.__doc__ = fn.__doc__
-    return ops.constexpr(run, check=False, reuse_result=False)
 
 
 def compiled_form(graph_fn):
@@ -246,7 +210,7 @@ def stateless_steps():
     GraphScheduler::LinkControlArrowByAutoMonad, recursing over the batch norms' Parameter writes), and a dict
     output of a differentiated graph fails to build there; `value_and_grad` and `compat.norm` build such graphs
     without both (tools/ms26_defects.py shows the two defects)."""
-    return _c.IS_MINDSPORE and not _is_mindspore_2_0()
+    return _c.IS_MINDSPORE and not is_mindspore_2_0()
 
 
 def enabled(flag):
@@ -312,7 +276,7 @@ def set_threads(num_threads=None):
     if _state["threads"] != n:
         import mindspore
         mindspore.set_context(runtime_num_threads=n)
-        if not _is_mindspore_2_0():
+        if not is_mindspore_2_0():
             mindspore.set_context(inter_op_parallel_num=max(2, n))
         _state["threads"] = n
     return n
@@ -335,7 +299,7 @@ def _jit(fn):
     import mindspore
     _check_graph_name(fn)
     if _state.get("jit_level"):
-        if not _is_mindspore_2_0():  # 2.6: a keyword of jit itself
+        if not is_mindspore_2_0():  # 2.6: a keyword of jit itself
             return mindspore.jit(fn, jit_level=_state["jit_level"])
         return mindspore.jit(fn, jit_config=mindspore.JitConfig(jit_level=_state["jit_level"]))
     return mindspore.jit(fn)
@@ -349,13 +313,6 @@ def set_cache_dir(path):
 
 def cache_dir():
     return _state["cache_dir"]
-
-
-def _is_mindspore_2_0():
-    """MindSpore 2.0 (the MSAdapter stack), where the workarounds here were measured; the mindtorch stack runs
-    2.6.0.dev."""
-    import mindspore
-    return mindspore.__version__.startswith("2.0.")
 
 
 def _source_digest():
@@ -454,7 +411,7 @@ def _graph_executor():
 def release_supported():
     """Whether a graph's build leftovers are released after it is built (`_release_build_memory`): only on
     MindSpore 2.0, where it was measured and where a released graph is tested to give the built one's outputs."""
-    return _is_mindspore_2_0()
+    return is_mindspore_2_0()
 
 
 def resident_mb(field="VmRSS"):
@@ -585,7 +542,7 @@ def _prime_fallback():
     MindSpore 2.0 keeps some of its readings of FALLBACK_VARIABLE from the first graph that needs them, so they
     must be taken while the variable is unset (without this, a dict built after an export and the variable's
     restore came back as a tensor)."""
-    if _FALLBACK_PRIMED or not _is_mindspore_2_0():
+    if _FALLBACK_PRIMED or not is_mindspore_2_0():
         return
     import mindspore
 
@@ -619,7 +576,7 @@ def _check_graph_name(fn):
     made of the function's module, name and source file, so a repository under a folder named "...export..."
     turns every graph into one."""
     where = "%s.%s in %s" % (fn.__module__, fn.__name__, fn.__code__.co_filename)
-    if "export" in where and _is_mindspore_2_0():
+    if "export" in where and is_mindspore_2_0():
         raise _c.UserError("MindSpore 2.0 would compile graph %s as a model export (its name holds 'export') and "
                            "switch JIT fallback off for the whole process, giving wrong outputs; move the "
                            "repository to a path without 'export', or run op by op (MODEL.JIT False TEST.JIT False)"
@@ -677,7 +634,7 @@ class _Timed:
         folder = _cache_on(self.name, self.owner, self.key, args)
         before = _cache_files(folder) if folder else {}
         note = "; cached in %s" % folder if folder else ""
-        _state["graph"], _state["grad_graph"] = True, self.grad
+        set_building(True, self.grad)
         _swap_forms(True)
         try:
             out = self.jitted(*args)
@@ -690,7 +647,7 @@ class _Timed:
             folder, note = None, "; not cacheable (%s)" % str(exc).strip().splitlines()[0]
             out = self.jitted(*args)
         finally:
-            _state["graph"], _state["grad_graph"] = False, False
+            set_building(False, False)
             _swap_forms(False)
             if folder is not None:
                 _cache_off()

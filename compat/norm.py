@@ -20,7 +20,8 @@ import numpy as np
 
 import compat as _c
 from compat.errors import UserError
-from compat.jit import eager_only, in_graph, state_through_gradients
+from compat.backend import is_mindspore_2_0
+from compat.graph_mode import eager_only, in_graph, state_through_gradients
 from compat.tensor import assign_
 
 MODES = ("general", "hold", "eval")
@@ -158,7 +159,7 @@ def _stateless_bn(eps):
     flag dropped on the instance: the same thing)."""
     key = ("stateless", float(eps))
     if key not in _BN_PRIMS:
-        if _is_mindspore_2_0():
+        if is_mindspore_2_0():
             _BN_PRIMS[key] = _StatelessBatchNorm(float(eps))
         else:
             prim = _P.BatchNorm(is_training=True, epsilon=float(eps), momentum=0.0)
@@ -392,7 +393,6 @@ if _c.IS_MINDSPORE:
     _instance_shape_c = _ops.constexpr(_instance_shape, check=False)
     _channels_c = _ops.constexpr(_channels, check=False)
     _CONCAT = _P.Concat(0)
-    from compat.jit import _is_mindspore_2_0
     _TO_TORCH = _inner_ops.convert_to_adapter_tensor
     from mindspore.common import dtype as _mstype
 
