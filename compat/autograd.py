@@ -12,14 +12,15 @@ Side effects inside `fn` (running-statistics updates) happen exactly once per ca
 
 Speed on MindSpore 2.0 PyNative: the grad executor caches the backward graph of a differentiated function
 under the function's name/qualname. When one name is seen with a different op sequence, it switches the whole
-process to its "dynamic shape" path for good (every later backward, of any function, about 2x slower). So the
-wrapper below carries `fn`'s name, and callers give functions that build different graphs different names
-(e.g. one per training-step kind); a closure created afresh each step under the same name is fine.
+process to its slower "dynamic shape" path for good (every later backward, of any function). So the wrapper
+below carries `fn`'s name, and callers give functions that build different graphs different names (e.g. one
+per training-step kind); a closure created afresh each step under the same name is fine.
 The same switch happens when the op sequence of one function changes between its first and second call
-because some code runs MindSpore ops once, lazily, on first use: `compat.norm.probe_kernel` (a one-off batch
-norm on two values, asked by the first training-mode batch norm) did so inside the first recorded forward, and
-every later op-by-op training step then rebuilt and recompiled its backward graph (a demo basic step 2.4x
-slower, bench/train_step.py). Such probes therefore run before the first recorded call (`_eager_probes`).
+because some code runs MindSpore ops once, lazily, on first use, e.g. `compat.norm.probe_kernel` (a one-off
+batch norm on two values) inside the first recorded forward: every later op-by-op training step would then
+rebuild and recompile its backward graph (docs/demo.md has what that cost the demo). Such probes therefore run
+before the first recorded call (`_eager_probes`; tests/test_compat_norm.py checks the first calls record the
+same ops).
 """
 import functools
 

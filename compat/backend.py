@@ -75,8 +75,8 @@ def _synchronous_launch(mindspore):
     to a launch thread, which on a machine with few cores competes with the kernels. Set after any op has run,
     the setting does not take: then every op of the older kind (an `Assign`, as optimizer, fast-weight and
     running-statistics updates run) waits for the launch thread to catch up, and a step's many small updates
-    cost more than its kernels (docs/mindtorch.md). Not on MindSpore 2.0 (MSAdapter), whose launch is left as
-    it was measured."""
+    cost more than its kernels (docs/mindtorch.md). Not on MindSpore 2.0 (MSAdapter): its launch stays
+    MindSpore's default, which that stack's tests and figures (docs/performance.md) are taken with."""
     if is_mindspore_2_0():
         return
     mindspore.set_context(mode=mindspore.PYNATIVE_MODE, pynative_synchronize=True)

@@ -12,7 +12,7 @@ nccl on GPU, hccl on Ascend) from its dynamic-networking variables (MS_ROLE=MS_W
 MS_SCHED_HOST, MS_SCHED_PORT); one extra process with MS_ROLE=MS_SCHED (`run_scheduler`) forms the cluster.
 Without those variables (or with a world of one) every call is a no-op that returns its input.
 
-MindSpore 2.0 facts this module is built on (measured on CPU, 2 workers + scheduler on 127.0.0.1):
+MindSpore 2.0 facts this module is built on (on CPU, workers and scheduler on one machine; tests/test_distributed.py):
 - `communication.init()` refuses PyNative ("PyNative mode is not supported in dynamic networking"), but that is
   a check made by init alone: with the context switched to GRAPH_MODE for the call and back to PYNATIVE after
   it, the process trains op by op, `compat.value_and_grad` included, and `ops.AllReduce` works both op by op
@@ -237,8 +237,8 @@ def _exit_cluster_formation(exc):
 def _wait_for_local_ranks(timeout_s=900):
     """Tell the launcher this rank is ready to join (a file in REID_READY_DIR) and wait for its go (the file
     `go` there), which it gives once every local rank is ready and MindSpore's scheduler, started only then,
-    listens. Measured on a busy 2-core machine: workers that register a minute after the scheduler started
-    (their imports are slow) usually fail to form the cluster; registering right after it succeeds."""
+    listens. On a busy machine, workers that register long after the scheduler started (their imports are
+    slow) usually fail to form the cluster; registering right after it succeeds."""
     import time
     folder = os.environ.get("REID_READY_DIR")
     if not folder:

@@ -27,9 +27,10 @@ against op-by-op execution):
   to parse. compat/export.py builds such graphs inside `fallback_kept()`, which puts the variable back, and a
   graph build here stops with a UserError if it finds the variable set behind the user's back;
 - a tensor that is broadcast over a feature map in an elementwise op is expanded first (`w.expand_as(x) * x`,
-  not `w * x`): MindSpore 2.0's CPU kernels for broadcasting elementwise ops each keep about four times their
-  output for the life of the graph, in every graph (bench/graph_memory.py); `BroadcastTo` and same-shape
-  kernels keep nothing. tests/test_modeling_units.py finds implicit broadcasts over feature maps in the network;
+  not `w * x`): MindSpore 2.0's CPU kernels for broadcasting elementwise ops each keep several times their
+  output for the life of the graph, in every graph (bench/graph_memory.py, docs/performance.md#graph-memory);
+  `BroadcastTo` and same-shape kernels keep nothing. tests/test_modeling_units.py finds implicit broadcasts
+  over feature maps in the network;
 - Python state (a module's dict attributes, `model.training`, globals) is read once, when the graph is built,
   and is baked into it. Callers therefore build one compiled function per configuration of that state (step
   kind, batch-norm mode) and cache it; `in_graph()` is True while a graph is
@@ -52,7 +53,7 @@ there (see `state_buffer`). Tensor *methods* compile to MindSpore's own, whose k
 (`x.sum(1, keepdim=True)` fails at run time): use positional forms or compat helpers in compiled code.
 
 Compile cache (`set_cache_dir`, MODEL.COMPILE_CACHE): building a graph is mostly MindSpore's type inference
-over the Python source it parsed (~80% of the minute or more a demo-size graph takes), so a later process can
+over the Python source it parsed (docs/performance.md#build-time), so a later process can
 load the graph MindSpore saved instead (its `enable_compile_cache`). That cache is unsafe as MindSpore ships it:
 it numbers graphs by the order a process compiles them and checks the source of only some files, so a graph
 can load another graph's file without any error, and a function's graph comes back with zero weights unless
@@ -66,13 +67,13 @@ built. Graphs MindSpore cannot write to its cache (the training-step graphs: "Ca
 in MindIR") are built again without it: MODEL.JIT's graphs are therefore not given a key. The weights are
 registered with the executor `mindspore.jit` compiles with (`_graph_executor`: MindSpore 2.6 has two).
 
-Memory (MindSpore 2.0): building a graph leaves MindSpore's front end holding ~1.2-3 GB at demo size, whatever
-the input size (type inference copies every called function per call site; the copies form reference cycles
-that only MindSpore's memory-recycle call frees). After a graph's first call `_Timed` frees them
-(`_release_build_memory`) and runs the graph it built directly from then on: the demo-size evaluation graph
-keeps +693 MB instead of +2374 MB, with the same outputs (tests/test_compiled.py). The peak is still the build
-itself; on the MSAdapter layer compat.F's hot ops are MindSpore primitives inside graphs
-(compat/graph_ops.py), which shrinks the graph and that peak (+1963 MB instead of +2375 MB for that graph).
+Memory (MindSpore 2.0): building a graph leaves MindSpore's front end holding gigabytes, whatever the input
+size (type inference copies every called function per call site; the copies form reference cycles that only
+MindSpore's memory-recycle call frees). After a graph's first call `_Timed` frees them
+(`_release_build_memory`) and runs the graph it built directly from then on, which keeps a fraction of what
+the build added, with the same outputs (tests/test_compiled.py). The peak is still the build itself; on the
+MSAdapter layer compat.F's hot ops are MindSpore primitives inside graphs (compat/graph_ops.py), which
+shrinks the graph and that peak (figures: docs/performance.md#build-memory).
 
 The CPU kernel pool is sized to the machine's cores when compat is imported (`set_threads`; MindSpore's
 default is 30 threads whatever the machine), overridable with REID_NUM_THREADS or MODEL.NUM_THREADS.
@@ -80,10 +81,9 @@ default is 30 threads whatever the machine), overridable with REID_NUM_THREADS o
 Built graphs run on a helper thread at the lowest CPU priority (`set_helper_thread`, MODEL.JIT_HELPER_THREAD),
 the calling thread asleep until the outputs are there: MindSpore 2.0's runtime spin-waits (sched_yield) in the
 thread that runs a graph for as long as the graph runs, and on a machine with few cores that thread takes CPU
-from the graph's own kernel threads (at demo size on 2 cores the waiting Python thread burned ~0.27 CPU-seconds
-per 0.34 s basic step). At nice 19 the spinning gets only what the kernel threads leave; the calling thread's
-own priority, which op-by-op work and data loading run at, is untouched. The first call, which builds the graph,
-stays on the calling thread.
+from the graph's own kernel threads (docs/performance.md#helper-thread). At nice 19 the spinning gets only
+what the kernel threads leave; the calling thread's own priority, which op-by-op work and data loading run at,
+is untouched. The first call, which builds the graph, stays on the calling thread.
 """
 import contextlib
 import functools
@@ -171,10 +171,10 @@ def _materialise(p):
     from (a tensor from numpy, as every layer here creates its weights) keeps that data as it was when the
     graph was built if the Parameter has at most 4 elements: later writes (optimizer steps, loading a
     checkpoint, running statistics updated op by op) reach op-by-op code but not the graph, with no error.
-    Larger Parameters, and any Parameter that a kernel has written once, are read live. At the demo width
-    this froze the 4-channel instance / batch norms of the first stage's IBN layers (18 tensors) inside every
-    compiled graph (tests/test_compiled.py perturbs every weight after the build). MindSpore 2.6.0.dev with
-    mindtorch reads them live without this write; it is made there too (it costs one kernel per tensor)."""
+    Larger Parameters, and any Parameter that a kernel has written once, are read live. Narrow models have
+    such Parameters (the demo width's 4-channel norms in the first stage's IBN layers; tests/test_compiled.py
+    perturbs every weight after the build). MindSpore 2.6.0.dev with mindtorch reads them live without this
+    write; it is made there too (it costs one kernel per tensor)."""
     _ms_ops.assign(p, _ms_ops.deepcopy(p))
 
 
@@ -183,9 +183,9 @@ def _direct_construct(model):
     whose `construct` is the layer's trampoline `construct(self, *inputs, **kwargs): return self.forward(...)`).
 
     A graph calls a submodule by parsing its `construct`; the trampoline's variadic packing and unpacking is
-    specialised for every call site, ~2,100 of the demo evaluation graph's nodes. With `forward` itself as
-    `construct` the graph calls the layer's code directly. Op by op nothing changes: the layer's `__call__`
-    (hooks and all) calls `construct` with the same arguments, which now is `forward`."""
+    specialised for every call site, a large share of a graph's nodes (docs/performance.md#build-time). With
+    `forward` itself as `construct` the graph calls the layer's code directly. Op by op nothing changes: the
+    layer's `__call__` (hooks and all) calls `construct` with the same arguments, which now is `forward`."""
     base = _c.nn.Module
     trampoline = base.__dict__.get("construct")
     if trampoline is None:
@@ -206,7 +206,7 @@ def steps_supported():
 
 def stateless_steps():
     """Whether differentiated graphs must be free of side effects here: MindSpore 2.6 (the mindtorch stack). Its
-    runtime did not finish linking the demo network's basic-step graph (one core in
+    runtime does not finish linking the demo network's basic-step graph (one core in
     GraphScheduler::LinkControlArrowByAutoMonad, recursing over the batch norms' Parameter writes), and a dict
     output of a differentiated graph fails to build there; `value_and_grad` and `compat.norm` build such graphs
     without both (tools/ms26_defects.py shows the two defects)."""
@@ -266,8 +266,8 @@ def set_threads(num_threads=None):
 
     MindSpore 2.6 (the mindtorch stack) also gets as many threads to run a graph's kernels side by side
     (`inter_op_parallel_num`, at least 2): with its default some training-step graphs (the basic step's of a
-    graph per step kind) ran at half the speed of others of the same size, the calling thread spinning while
-    it waited for them (docs/mindtorch.md)."""
+    graph per step kind) run much slower than others of the same size, the calling thread spinning while it
+    waits for them (docs/mindtorch.md)."""
     if not _c.IS_MINDSPORE:
         return None
     n = int(num_threads) if num_threads else default_threads()
@@ -290,8 +290,8 @@ def _split(out):
 
 def set_jit_level(level):
     """MindSpore's JitConfig jit_level ("O0"-"O2") for graphs built from now on; None: MindSpore's default.
-    (Demo evaluation graph, one run each on an idle machine: O1 10.2 s, O2 9.7 s to build: the build is type
-    inference, which the level does not touch; kept for bench/graph_build.py --jit-level.)"""
+    The level hardly changes a build's time (the build is type inference, which the level does not touch:
+    docs/performance.md#build-time); kept for bench/graph_build.py --jit-level."""
     _state["jit_level"] = level or None
 
 
@@ -400,7 +400,7 @@ def _graph_executor():
     """The executor `mindspore.jit` builds and loads graphs with: MindSpore 2.0 has one; 2.6 a second one for
     functions compiled in PyNative mode (`JitExecutor_`, where `_run_jit_pipeline()`), which is the one whose
     registered weights a graph loaded from the cache binds to. (Registered with the first one instead, a
-    loaded evaluation graph ran without them: its features were all zeros.)"""
+    loaded evaluation graph runs without them: its features are all zeros.)"""
     from mindspore import _c_expression
     run_jit = getattr(_c_expression, "_run_jit_pipeline", None)
     if run_jit is not None and run_jit():
@@ -410,7 +410,7 @@ def _graph_executor():
 
 def release_supported():
     """Whether a graph's build leftovers are released after it is built (`_release_build_memory`): only on
-    MindSpore 2.0, where it was measured and where a released graph is tested to give the built one's outputs."""
+    MindSpore 2.0, where a released graph is tested to give the built one's outputs."""
     return is_mindspore_2_0()
 
 
@@ -430,10 +430,10 @@ def _release_build_memory():
     copies reference each other in cycles that MindSpore frees only in its memory-recycle call (the native
     half of `mindspore.ms_memory_recycle`, without that function's deletion of every compiled graph), along
     with its parse, type-inference and argument-key caches. Then glibc is asked to hand the freed pages back
-    (`malloc_trim`): without it the resident size does not drop. Measured on the demo-size evaluation graph:
-    2802 -> 1329 MB resident (637 MB before the build), features unchanged. Side effects: the argument-key
-    cache is gone, so `mindspore.jit` would build the same function again on its next call (`_Timed` calls
-    the graph it built directly instead), and MindSpore's op-by-op gradient caches start afresh."""
+    (`malloc_trim`): without it the resident size does not drop. The built graph's outputs stay the same
+    (figures: docs/performance.md#build-memory). Side effects: the argument-key cache is gone, so
+    `mindspore.jit` would build the same function again on its next call (`_Timed` calls the graph it built
+    directly instead), and MindSpore's op-by-op gradient caches start afresh."""
     from mindspore._c_expression import _ms_memory_recycle
     _ms_memory_recycle()
     try:
@@ -541,7 +541,7 @@ def _prime_fallback():
     """Build one tiny graph that returns a dict, once per process, before the first export-named graph:
     MindSpore 2.0 keeps some of its readings of FALLBACK_VARIABLE from the first graph that needs them, so they
     must be taken while the variable is unset (without this, a dict built after an export and the variable's
-    restore came back as a tensor)."""
+    restore comes back as a tensor)."""
     if _FALLBACK_PRIMED or not is_mindspore_2_0():
         return
     import mindspore
@@ -728,7 +728,7 @@ def value_and_grad(fn, params, name, state=()):
         if stateless:
             # dicts leave as tuples of values, converted before the differentiation (a lone dict made into a
             # tuple of one): a dict output of the differentiated function fails to build on 2.6, and one taken
-            # apart after it (`tuple(aux.values())`) made the graph run several times slower
+            # apart after it (`tuple(aux.values())`) makes the graph several times slower
             if isinstance(aux, dict):
                 _note_aux_keys_c(token, "lone", True)
                 aux = (aux,)

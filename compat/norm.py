@@ -3,9 +3,11 @@
 MSAdapter gets these wrong or lacks them on CPU: its BatchNorm keeps a *biased* running variance,
 `F.batch_norm(training=True)` never updates the running tensors it is given, and `F.instance_norm` /
 `InstanceNorm2d` fail. On MindSpore both ops therefore run MindSpore's fused `ops.BatchNorm` kernel (forward
-and backward; composing the same maths from adapter ops costs ~5x more per layer) and torch's running-
-statistics rule is applied on top: the kernel writes the batch mean and *biased* variance into scratch
-statistics (momentum 1), from which the running tensors get torch's update with the unbiased variance.
+and backward; composing the same maths from adapter ops costs several times more per layer,
+docs/performance.md#archive) and torch's running-statistics rule is applied on top: the kernel, given
+momentum 0, writes back the statistics it is given unchanged and returns the batch mean and variance (its 4th
+and 5th outputs; `probe_kernel` tells which variance), from which the running tensors get torch's update with
+the unbiased variance.
 Instance norm is the same kernel on the (1, N*C, H, W) view. On torch the native kernels are used.
 
 batch_norm modes (the ACL "type_running_stats"):
@@ -135,8 +137,8 @@ def _graph_instance_norm(x, weight, bias, eps):
     `_StatelessBatchNorm` (the kernel without its Parameter-only signature: a graph cannot make Parameters of
     N*C channels). Its per-(sample, channel) scale / offset are the affine tiled N times, its statistics
     inputs constants that momentum 0 writes back unchanged. Forward and gradients equal the op-by-op kernel's
-    bit for bit; the reductions it replaces (two means, five full-size elementwise ops) cost 2-7x more at
-    full size (measured per layer shape, docs/performance.md)."""
+    bit for bit; the reductions it replaces (two means, five full-size elementwise ops) cost several times
+    more at full size (per layer shape: docs/performance.md#archive)."""
     shape = x.shape
     n, nc = shape[0], shape[0] * shape[1]
     # MindSpore primitives only (not the layer's Tensor methods and casts, specialised per call site)
@@ -193,11 +195,11 @@ def _eager_kernel_inputs(channels, weight, bias, running_mean, running_var):
 
 def _unbiased_batch_var(saved_var, x4, count):
     """The unbiased batch variance, detached, from the training kernel's 5th output. What that output holds
-    differs between MindSpore builds and devices (the biased variance on CPU in 2.0.0 and in 2.6.0.dev20250323,
-    the mindtorch stack; other builds may save the unbiased variance or an inverse standard deviation), so
-    `probe_kernel` asks the kernel once, before any
-    graph is built, and the choice below is made when the graph is built. Where the output is neither
-    variance, the variance is recomputed from the input by reductions."""
+    differs between MindSpore builds and devices (the biased variance on CPU in 2.0.0 and in the mindtorch
+    stack's 2.6.0.dev; other builds may save the unbiased variance or an inverse standard deviation), so
+    `probe_kernel` asks the kernel once, before any graph is built, and the choice below is made when the
+    graph is built. Where the output is neither variance, the variance is recomputed from the input by
+    reductions."""
     kind = _saved_var_kind()  # a compile-time constant inside compiled code
     if kind == "biased":
         return _ops.stop_gradient(saved_var) * (float(count) / max(count - 1, 1))
@@ -229,7 +231,7 @@ def _graph_batch_norm(x, running_mean, running_var, weight, bias, mode, momentum
     """`_ms_batch_norm` inside a graph being built, written with MindSpore primitives only (each built once per
     configuration in Python: one constant node): the same kernel, outputs and running-statistics update as op
     by op, without the torch-API layer's tensor methods and casts, which a graph specialises per call site
-    (~10 nodes per layer instead of ~30, compat/jit.py)."""
+    (a fraction of their nodes per layer; compat/jit.py)."""
     shape = x.shape
     x4 = _RESHAPE(x, _shape4_c(shape)) if len(shape) < 4 else x
     if mode == "eval":
@@ -255,7 +257,7 @@ def _graph_batch_norm(x, running_mean, running_var, weight, bias, mode, momentum
 
 def _stateless_graph_batch_norm(x, running_mean, running_var, weight, bias, mode, momentum, eps, num_splits):
     """Batch norm inside a differentiated graph on MindSpore 2.6 (`compat.jit.state_through_gradients`), with no
-    side effect: MindSpore 2.6's runtime did not finish linking a training-step graph whose batch norms write
+    side effect: MindSpore 2.6's runtime does not finish linking a training-step graph whose batch norms write
     their Parameters (the fused kernel's moving statistics, the Assign of torch's update; tools/ms26_defects.py).
     The kernel runs as a pure op (`_stateless_bn`) and, in mode 'general', torch's running-statistics update
     leaves the graph as the gradient of the running statistics (`_statistics_tap`): `compat.jit.value_and_grad`

@@ -108,9 +108,9 @@ def fix_tensor_metaclass(torch):
     bytes past the object. Inside pymalloc that byte is usually another block; when the object is the last
     block of a pool that ends an arena, and the page after the arena is not mapped, the read is a SIGSEGV.
     So a process dies now and then, at whichever op's output conversion (msadapter's `Tensor(...,
-    cast_tensor=True)`) meets that layout: measured with gdb, the read hits `Tensor` objects (basic size 32) at
-    object + 0x30; the kernel log of our machine shows 7 of its 9 MindSpore Python crashes at that one
-    instruction (`_c_expression` + 0x1bd9118, a page-aligned address: the first byte past a mapping).
+    cast_tensor=True)`) meets that layout: the read hits `Tensor` objects (basic size 32) at object + 0x30, and
+    the crashes seen were at that one instruction, on page-aligned addresses (the first byte past a mapping;
+    docs/limitations.md).
     `type.__call__` does what pybind11's does before that check (`__new__`, then `__init__`); the check itself
     (that a pybind11 base's `__init__` ran) has nothing to check on such objects."""
     tensor = getattr(torch, "Tensor", None)

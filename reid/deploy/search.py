@@ -121,8 +121,8 @@ def import_faiss():
 
 def build_faiss(gallery, method="faiss-flat", nlist=None, train_size=None, seed=0):
     """A faiss inner-product index of `gallery`, added in blocks (faiss keeps its own float32 copy). IVF:
-    `nlist` clusters (default sqrt(G): its k-means and the assignment of every row cost G x nlist x D, minutes
-    at a million rows on 2 cores), trained on `train_size` sampled rows (default 40 per cluster)."""
+    `nlist` clusters (default sqrt(G): its k-means and the assignment of every row cost G x nlist x D;
+    docs/retrieval.md has the times), trained on `train_size` sampled rows (default 40 per cluster)."""
     faiss = import_faiss()
     if method not in METHODS[1:]:
         raise UserError("unknown faiss method %r; use %s" % (method, " or ".join(METHODS[1:])))

@@ -25,15 +25,15 @@ ways to run them:
   a tensor argument (1 for the step's own, 0 for the other: the total, its terms and its gradients are the
   step's own, x * 1 + y * 0 = x, up to the order in which the graph adds up gradient contributions), and it
   is built in BN mode 'general', the running statistics it writes in a meta-train step put back after the
-  call ('hold': `compat.jit.snapshot` / `restore`; a gate Parameter read inside the graph was tried:
-  MindSpore 2.0 fails to build a graph whose batch norms, called from module constructs, read a Parameter
-  that is no module's, "Failed to find context"). A graph holds memory of its own for its lifetime (each
-  convolution's buffers: ~0.5 GB per step graph at full size, docs/performance.md), so one graph fewer is
-  that much less memory and one build fewer, for computing the other step's loss terms on the features (a
-  few dozen small kernels per step). The meta-test graph is the plain forward: because the
-  fast-weight step is detached (first-order ACL), ∇_θ L(θ - fast) = ∇_θ' L(θ'), so θ' is written into the
-  parameters before the call and θ restored after it (`compat.jit.swap_in` / `restore`), and the same
-  kind of graph serves every meta step. (Equal to the op-by-op result: tests/test_training.py.)
+  call ('hold': `compat.jit.snapshot` / `restore`; not a gate Parameter read inside the graph: MindSpore 2.0
+  fails to build a graph whose batch norms, called from module constructs, read a Parameter that is no
+  module's, "Failed to find context"). A graph holds memory of its own for its lifetime (each convolution's
+  buffers, docs/performance.md#ratios), so one graph fewer is that much less memory and one build fewer, for
+  computing the other step's loss terms on the features (a few dozen small kernels per step). The meta-test
+  graph is the plain forward: because the fast-weight step is detached (first-order ACL),
+  ∇_θ L(θ - fast) = ∇_θ' L(θ'), so θ' is written into the parameters before the call and θ restored after it
+  (`compat.jit.swap_in` / `restore`), and the same kind of graph serves every meta step.
+  (Equal to the op-by-op result: tests/test_training.py.)
 
 Gradients come back for every parameter (zeros where the loss does not reach); the trainer applies
 single-device "None" semantics afterwards (`Trainer._drop_unused`), outside any graph.
@@ -163,13 +163,13 @@ class StepFunctions:
         """Compiled, one graph per step kind (or per SHARED_GRAPH). The basic step's losses take every source
         domain in every chunk, each weighted by whether the chunk holds it (reid/losses: an absent domain weighs
         0), and so do the meta-train step's in the shared graph, so the domains
-        a batch holds are read from its labels inside the graph (keyed by domains per chunk instead, the
-        4-chunk recipes' basic steps met 15-21 keys in 500 iterations, each a graph of minutes and GBs at full
-        size). A meta batch is built domain by domain, so its chunks always hold the same number of domains:
-        there the ids travel as tensor arguments (`_id_args`) and the key is that number per chunk, one key
-        per configuration (the every-domain form would compute the absent domains' terms too: measured at
-        demo size, +7-9 s per meta graph build and ~+0.06 s per iteration). Op by op the ids are constants of
-        the function (one name per structure, compat/autograd.py)."""
+        a batch holds are read from its labels inside the graph (keyed by the domains per chunk instead, the
+        4-chunk recipes' basic steps would build a graph, of minutes and gigabytes at full size, for each of
+        the many combinations their chunks meet). A meta batch is built domain by domain, so its chunks always
+        hold the same number of domains: there the ids travel as tensor arguments (`_id_args`) and the key is
+        that number per chunk, one key per configuration (the every-domain form would compute the absent
+        domains' terms too, a longer build and step: docs/performance.md#graph-keys). Op by op the ids are
+        constants of the function (one name per structure, compat/autograd.py)."""
         if not self.compiled:
             return present
         if kind == "basic" or self._graph_kind(kind) == SHARED_GRAPH:
