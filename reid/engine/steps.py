@@ -6,10 +6,10 @@ running statistics untouched). `present` is, per DataParallel chunk, the tuple o
 computed by the caller in numpy (`chunk_domains`), so the differentiated function reads no labels on the host.
 `fast` (mtest only) is the detached fast-weight step α·r·g: the loss is taken at θ' = θ - fast.
 
-Functions are built on first use and cached (`self.cache`): op by op one per (step kind, per-chunk domains),
-compiled one per step kind (the basic step's losses weigh every source domain by whether the chunk holds it;
-meta batches always hold the same number of domains per chunk: `_graph_key`), or with `shared_graph` one for
-the basic and meta-train steps together and one for the meta-test step.
+Functions are built on first use and cached (`self.cache`, by `StepKey`): op by op one per (step kind,
+per-chunk domains), compiled one per step kind (the basic step's losses weigh every source domain by whether
+the chunk holds it; meta batches always hold the same number of domains per chunk: `StepFunctions.key`), or
+with `shared_graph` one for the basic and meta-train steps together and one for the meta-test step.
 What a function captures is fixed then: the model, the loss settings (plain Python values from
 `loss_settings`, never the yacs config), the label offsets, the chunk count and, op by op, `present`. Two
 ways to run them:
@@ -39,6 +39,8 @@ Gradients come back for every parameter (zeros where the loss does not reach); t
 single-device "None" semantics afterwards (`Trainer._drop_unused`), outside any graph.
 """
 import contextlib
+import enum
+from typing import NamedTuple
 
 import numpy as np
 
@@ -49,8 +51,29 @@ from reid.modeling import bn_mode, fast_weights
 from reid.modeling.heads import train_dict
 
 BN_MODES = {"basic": "general", "mtrain": "hold", "mtest": "hold"}
-SHARED_KINDS = ("basic", "mtrain")  # compiled with shared_graph: one graph, "basic+mtrain", built in mode 'general'
+SHARED_KINDS = ("basic", "mtrain")  # compiled with shared_graph: one graph, SHARED_GRAPH, built in mode 'general'
 SHARED_GRAPH = "basic+mtrain"
+
+
+class _Domains(enum.Enum):
+    ALL = "all domains"
+
+    def __str__(self):
+        return self.value
+
+
+# `StepKey.domains` of the compiled graphs that take every source domain in every chunk, each weighted inside
+# the graph by whether the chunk holds it (the basic step's and the shared one)
+ALL_DOMAINS = _Domains.ALL
+
+
+class StepKey(NamedTuple):
+    """A cached step function (`StepFunctions.key`). `graph`: the step kind it computes, or SHARED_GRAPH.
+    `domains`: what its structure depends on in the domains the chunks hold: op by op the domain ids per chunk
+    (constants of the function), compiled meta steps the number of domains per chunk (the ids are tensor
+    arguments, `_id_args`), the compiled basic and shared graphs ALL_DOMAINS."""
+    graph: str
+    domains: object
 
 
 def chunk_domains(domains, num_splits):
@@ -113,9 +136,10 @@ class StepFunctions:
     def __call__(self, kind, batch, present, fast=None):
         if (fast is not None) != (kind == "mtest"):
             raise ValueError("fast-weight steps go with the meta-test step only")
-        fn = self.function(kind, present)
-        args = (batch["images"], batch["targets"], batch["domains"]) + self._id_args(kind, present)
-        if self._graph_kind(kind) == SHARED_GRAPH:
+        key = self.key(kind, present)
+        fn = self._cached(key)
+        args = (batch["images"], batch["targets"], batch["domains"]) + self._id_args(key, present)
+        if key.graph == SHARED_GRAPH:
             return self._call_shared(fn, kind, args)
         with bn_mode(self.model, BN_MODES[kind]):  # op by op read on every call; compiled, baked when built
             if not self.compiled:
@@ -149,74 +173,97 @@ class StepFunctions:
     def function(self, kind, present):
         """The cached differentiated function of (kind, present): called with (images, targets, domains), then
         op by op in meta-test the fast-weight steps, compiled in meta steps the domain ids (`_id_args`)."""
+        return self._cached(self.key(kind, present))
+
+    def key(self, kind, present):
+        """The StepKey of step `kind` on a batch whose chunks hold the domain ids `present`.
+
+        Compiled, one graph per step kind (or one SHARED_GRAPH for the basic and meta-train steps). The basic
+        step's losses take every source domain in every chunk, each weighted by whether the chunk holds it
+        (reid/losses: an absent domain weighs 0), and so do the meta-train step's in the shared graph, so the
+        domains a batch holds are read from its labels inside the graph (keyed by the domains per chunk
+        instead, the 4-chunk recipes' basic steps would build a graph, of minutes and gigabytes at full size,
+        for each of the many combinations their chunks meet). A meta batch is built domain by domain, so its
+        chunks always hold the same number of domains: there the ids travel as tensor arguments (`_id_args`)
+        and the key is that number per chunk, one key per configuration (the every-domain form would compute
+        the absent domains' terms too, a longer build and step: docs/performance.md#graph-keys). Op by op the
+        ids are constants of the function (one name per structure, compat/autograd.py)."""
         present = tuple(tuple(int(d) for d in c) for c in present)
-        key = (self._graph_kind(kind), self._graph_key(kind, present))
+        if not self.compiled:
+            return StepKey(kind, present)
+        if self.shared_graph and kind in SHARED_KINDS:
+            return StepKey(SHARED_GRAPH, ALL_DOMAINS)
+        if kind == "basic":
+            return StepKey(kind, ALL_DOMAINS)
+        return StepKey(kind, tuple(len(c) for c in present))
+
+    def _cached(self, key):
         if key not in self.cache:
-            self.cache[key] = self._build(key[0], key[1])
+            self.cache[key] = self._build(key)
         return self.cache[key]
 
-    def _graph_kind(self, kind):
-        """The cache entry's step kind: `kind`, or SHARED_GRAPH for the steps that share one (shared_graph)."""
-        return SHARED_GRAPH if self.shared_graph and kind in SHARED_KINDS else kind
-
-    def _graph_key(self, kind, present):
-        """Compiled, one graph per step kind (or per SHARED_GRAPH). The basic step's losses take every source
-        domain in every chunk, each weighted by whether the chunk holds it (reid/losses: an absent domain weighs
-        0), and so do the meta-train step's in the shared graph, so the domains
-        a batch holds are read from its labels inside the graph (keyed by the domains per chunk instead, the
-        4-chunk recipes' basic steps would build a graph, of minutes and gigabytes at full size, for each of
-        the many combinations their chunks meet). A meta batch is built domain by domain, so its chunks always
-        hold the same number of domains: there the ids travel as tensor arguments (`_id_args`) and the key is
-        that number per chunk, one key per configuration (the every-domain form would compute the absent
-        domains' terms too, a longer build and step: docs/performance.md#graph-keys). Op by op the ids are
-        constants of the function (one name per structure, compat/autograd.py)."""
-        if not self.compiled:
-            return present
-        if kind == "basic" or self._graph_kind(kind) == SHARED_GRAPH:
-            return "all domains"
-        return tuple(len(c) for c in present)
-
-    def _id_args(self, kind, present):
-        if self.compiled and self._graph_key(kind, present) != "all domains":
+    def _id_args(self, key, present):
+        """The domain ids as 0-d tensor arguments, for the compiled graphs keyed by domains per chunk."""
+        if self.compiled and key.domains is not ALL_DOMAINS:
             return tuple(compat.as_tensor(np.int64(d)) for c in present for d in c)
         return ()
 
-    def _build(self, kind, key):
+    def _build(self, key):
+        if not self.compiled:
+            return self._build_op_by_op(key.graph, key.domains)
+        if key.graph == SHARED_GRAPH:
+            return self._build_shared_graph()
+        return self._build_step_graph(key.graph, key.domains)
+
+    def _every_domain(self):
+        """`present` of the graphs keyed ALL_DOMAINS: every source domain in every chunk."""
+        return (tuple(range(len(self.offsets))),) * self.num_splits
+
+    # The names given to compat below name the graph structures (MindSpore caches grad graphs by function
+    # name, compat/autograd.py): one name per structure, unchanged while the structure is.
+    def _build_shared_graph(self):
+        """The compiled graph of the basic and meta-train steps together: both objectives on the batch, every
+        domain weighted by presence inside, each objective weighted by a tensor argument (`_call_shared`)."""
         model, settings, offsets, num_splits = self.model, self.settings, self.offsets, self.num_splits
-        # compiled basic (and shared) steps: every source domain in every chunk, weighted by presence inside
-        every_domain = (tuple(range(len(offsets))),) * num_splits
-        if self.compiled and kind == SHARED_GRAPH:
-            def shared_loss(images, targets, domains, weight_basic, weight_mtrain):
-                out = train_dict(model(images))
-                batch = {"targets": targets, "domains": domains, "present": every_domain}
-                total_basic, terms_basic = step_objective("basic", out, batch, settings, offsets, num_splits)
-                total_mtrain, terms_mtrain = step_objective("mtrain", out, batch, settings, offsets, num_splits)
-                return total_basic * weight_basic + total_mtrain * weight_mtrain, (terms_basic, terms_mtrain)
-            return compat.jit.value_and_grad(shared_loss, self.params, "basic_mtrain_loss", state=self.buffers)
-        if self.compiled:
-            # the domains of each chunk (`_graph_key`), chosen here so that the graph holds one form: the basic
-            # step every domain (weighted by presence inside), a meta step its id arguments regrouped by `key`
-            if kind == "basic":
-                name = "basic_loss"
+        every_domain = self._every_domain()
 
-                def present_of(ids):
-                    return every_domain
-            else:
-                name = "%s_loss_%s" % (kind, "_".join(str(c) for c in key))
+        def shared_loss(images, targets, domains, weight_basic, weight_mtrain):
+            out = train_dict(model(images))
+            batch = {"targets": targets, "domains": domains, "present": every_domain}
+            total_basic, terms_basic = step_objective("basic", out, batch, settings, offsets, num_splits)
+            total_mtrain, terms_mtrain = step_objective("mtrain", out, batch, settings, offsets, num_splits)
+            return total_basic * weight_basic + total_mtrain * weight_mtrain, (terms_basic, terms_mtrain)
+        return compat.jit.value_and_grad(shared_loss, self.params, "basic_mtrain_loss", state=self.buffers)
 
-                def present_of(ids):
-                    return _regroup(ids, key)
+    def _build_step_graph(self, kind, counts):
+        """The compiled graph of one step kind, in one form whatever the batch holds: the basic step takes every
+        domain (weighted by presence inside), a meta step its id arguments regrouped per chunk by `counts` (the
+        number of domains per chunk, its key's `domains`)."""
+        model, settings, offsets, num_splits = self.model, self.settings, self.offsets, self.num_splits
+        if kind == "basic":
+            name = "basic_loss"
+            every_domain = self._every_domain()
 
-            def compiled_loss(images, targets, domains, *ids):
-                out = train_dict(model(images))  # compiled, the train-mode forward returns a tuple
-                return step_objective(kind, out, {"targets": targets, "domains": domains, "present": present_of(ids)},
-                                      settings, offsets, num_splits)
-            state = self.buffers if BN_MODES[kind] == "general" else ()
-            return compat.jit.value_and_grad(compiled_loss, self.params, name, state=state)
+            def present_of(ids):
+                return every_domain
+        else:
+            name = "%s_loss_%s" % (kind, "_".join(str(c) for c in counts))
 
-        present = key
+            def present_of(ids):
+                return _regroup(ids, counts)
+
+        def compiled_loss(images, targets, domains, *ids):
+            out = train_dict(model(images))  # compiled, the train-mode forward returns a tuple
+            return step_objective(kind, out, {"targets": targets, "domains": domains, "present": present_of(ids)},
+                                  settings, offsets, num_splits)
+        state = self.buffers if BN_MODES[kind] == "general" else ()
+        return compat.jit.value_and_grad(compiled_loss, self.params, name, state=state)
+
+    def _build_op_by_op(self, kind, present):
+        """The op-by-op function of one step kind on chunks that hold the domain ids `present` (constants of it:
+        one function, and name, per (kind, present))."""
+        model, settings, offsets, num_splits = self.model, self.settings, self.offsets, self.num_splits
         name = "%s_loss_%s" % (kind, signature(present))
-
         names, params = self.names, self.params
         chunk_forwards = self.chunk_forwards and num_splits > 1
 
