@@ -113,14 +113,16 @@ def test_compat_and_reid_have_no_import_circle():
     assert not found, "import circles:\n" + "\n\n".join(describe(graph, c) for c in found)
 
 
-def test_cycle_finder_sees_a_function_local_import(tmp_path):
+def test_cycle_finder_sees_a_function_local_import_and_not_a_parent_package(tmp_path):
     (tmp_path / "pkg").mkdir()
-    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "__init__.py").write_text("def load():\n    from pkg import d\n    return d\n")
     (tmp_path / "pkg" / "a.py").write_text("from pkg.b import f\n")
     (tmp_path / "pkg" / "b.py").write_text("def f():\n    from . import a\n    return a\n")
     (tmp_path / "pkg" / "c.py").write_text("import importlib\nimportlib.import_module('pkg.a')\n")
+    (tmp_path / "pkg" / "d.py").write_text("import pkg as _p\n")
     graph = import_graph(str(tmp_path), ("pkg",))
     assert graph["pkg.b"] == {"pkg.a": 2} and graph["pkg.c"] == {"pkg.a": 2}
+    assert graph["pkg"] == {"pkg.d": 2} and graph["pkg.d"] == {}
     assert cycles(graph) == [["pkg.a", "pkg.b"]]
 
 
