@@ -282,6 +282,20 @@ def set_threads(num_threads=None):
     return n
 
 
+def set_step_graph_layout(shared):
+    """Tell the runtime how the compiled training steps are laid out before their graphs are built: `shared`,
+    the basic and meta-train steps in one graph (MODEL.JIT_SHARED_GRAPH), else a graph per step kind. On
+    MindSpore 2.6 the two layouts want opposite settings of `inter_op_parallel_num` (set_threads' side-by-side
+    kernels): a graph per step kind runs its basic-step graph much slower without them, the shared graph
+    slower with them (docs/mindtorch.md#compiled-training-steps), so the shared layout goes back to MindSpore's
+    default. Nothing to do on MindSpore 2.0 or torch."""
+    if not _c.IS_MINDSPORE or is_mindspore_2_0():
+        return
+    import mindspore
+    n = _state["threads"] or default_threads()
+    mindspore.set_context(inter_op_parallel_num=0 if shared else max(2, n))
+
+
 def _split(out):
     if isinstance(out, tuple) and len(out) == 2:
         return out[0], out[1]

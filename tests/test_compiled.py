@@ -425,10 +425,26 @@ def test_graph_builds_refuse_a_switched_off_fallback_and_export_names():
 def test_model_jit_compiles_steps_on_both_mindspore_stacks(synth_root, tmp_path):
     """MODEL.JIT True (the default) gives the trainer compiled step functions on both MindSpore stacks (on the
     mindtorch stack's 2.6.0.dev built without side effects: compat.jit.stateless_steps), False op-by-op ones. No
-    step is run: the trainer is only built."""
+    step is run: the trainer is only built. On 2.6 the trainer also sets the runtime's side-by-side kernels for
+    its graph layout (compat.jit.set_step_graph_layout): MindSpore's default (0) for the shared basic /
+    meta-train graph, at least 2 for a graph per step kind; on 2.0 it leaves the setting alone."""
     import mindspore
     from reid.engine.trainer import Trainer
     from tests.test_training import _cfg
-    assert compat.jit.stateless_steps() is (not mindspore.__version__.startswith("2.0."))
-    assert Trainer(_cfg(synth_root, str(tmp_path), ["MODEL.JIT", "True"])).steps.compiled is True
+    on_2_6 = not mindspore.__version__.startswith("2.0.")
+    assert compat.jit.stateless_steps() is on_2_6
+    before = mindspore.get_context("inter_op_parallel_num") if on_2_6 else None
+    try:
+        separate = Trainer(_cfg(synth_root, str(tmp_path / "sep"), ["MODEL.JIT", "True",
+                                                                      "MODEL.JIT_SHARED_GRAPH", "False"]))
+        assert separate.steps.compiled is True
+        if on_2_6:
+            assert mindspore.get_context("inter_op_parallel_num") == max(2, compat.jit.set_threads())
+        shared = Trainer(_cfg(synth_root, str(tmp_path), ["MODEL.JIT", "True", "MODEL.JIT_SHARED_GRAPH", "True"]))
+        assert shared.steps.compiled is True and shared.steps.shared_graph is True
+        if on_2_6:
+            assert mindspore.get_context("inter_op_parallel_num") == 0
+    finally:
+        if on_2_6:
+            mindspore.set_context(inter_op_parallel_num=before)
     assert Trainer(_cfg(synth_root, str(tmp_path / "off"), ["MODEL.JIT", "False"])).steps.compiled is False

@@ -189,6 +189,8 @@ class Trainer(TrainLoop):
         MODEL.JIT on MindSpore. The basic step shares its graph with the meta-train step only where there are
         meta steps: without them the meta objective would be computed in every basic step for nothing."""
         shared_graph = bool(cfg.MODEL.JIT_SHARED_GRAPH) and self.meta
+        if self.compiled:
+            compat.jit.set_step_graph_layout(shared_graph)
         return StepFunctions(self.model, self.param_names, self.params, loss_settings(cfg), self.offsets,
                              self.num_splits, self.compiled, self.chunk_forwards, shared_graph)
 
