@@ -41,9 +41,9 @@ _NOT_IN_FEATURES = ("WEIGHTS", "DEVICE", "JIT", "JIT_SHARED_GRAPH", "JIT_HELPER_
 
 def default_engine(given, backend, onnxruntime=None):
     """The engine `auto` picks. An exported file runs in its own format. Given weights: ONNX Runtime on files
-    exported from them once (bench/infer.py: the fastest engine, or level with the compiled graph, at both
-    sizes and batch sizes on both backends; the export costs about what building the compiled graph costs, and
-    is kept) where onnxruntime is installed, else the compiled graph on MindSpore and op by op on torch."""
+    exported from them once (the fastest engine at both sizes and batch sizes on both backends:
+    docs/retrieval.md#engines; the export costs about what building the compiled graph costs, and is kept)
+    where onnxruntime is installed, else the compiled graph on MindSpore and op by op on torch."""
     if given in ("onnx", "mindir"):
         return given
     if onnxruntime is None:
