@@ -227,6 +227,17 @@ def probe_kernel():
     return _MS["saved_var_kind"]
 
 
+def _graph_batch_var(saved_var, x4):
+    """`_unbiased_batch_var` inside a graph being built, in MindSpore primitives where the kernel saved a
+    variance (the choice made when the graph is built): the unbiased batch variance of x4, detached."""
+    kind = _saved_var_kind()
+    if kind == "biased":
+        return _STOP_GRADIENT(saved_var) * _bessel_c(x4.shape)
+    if kind == "unbiased":
+        return _STOP_GRADIENT(saved_var)
+    return _unbiased_batch_var(saved_var, x4, _count_c(x4.shape))
+
+
 def _graph_batch_norm(x, running_mean, running_var, weight, bias, mode, momentum, eps):
     """`_ms_batch_norm` inside a graph being built, written with MindSpore primitives only (each built once per
     configuration in Python: one constant node): the same kernel, outputs and running-statistics update as op
@@ -241,13 +252,7 @@ def _graph_batch_norm(x, running_mean, running_var, weight, bias, mode, momentum
         y = out[0]
         if mode == "general":
             batch_mean = _STOP_GRADIENT(out[3])
-            kind = _saved_var_kind()
-            if kind == "biased":
-                batch_var = _STOP_GRADIENT(out[4]) * _bessel_c(shape)
-            elif kind == "unbiased":
-                batch_var = _STOP_GRADIENT(out[4])
-            else:
-                batch_var = _unbiased_batch_var(out[4], x4, _count_c(shape))
+            batch_var = _graph_batch_var(out[4], x4)
             _ASSIGN(running_mean, _LERP(running_mean, batch_mean, float(momentum)))
             _ASSIGN(running_var, _LERP(running_var, batch_var, float(momentum)))
     if len(shape) < 4:
@@ -292,13 +297,7 @@ def _tapped_bn(x4, scale, offset, running_mean, running_var, mode, momentum, eps
     if mode != "general":
         return out[0]
     batch_mean = _STOP_GRADIENT(out[3])
-    kind = _saved_var_kind()
-    if kind == "biased":
-        batch_var = _STOP_GRADIENT(out[4]) * _bessel_c(x4.shape)
-    elif kind == "unbiased":
-        batch_var = _STOP_GRADIENT(out[4])
-    else:
-        batch_var = _unbiased_batch_var(out[4], x4, _count_c(x4.shape))
+    batch_var = _graph_batch_var(out[4], x4)
     # torch's update as lerp's own arithmetic, old + m * (batch - old), of which the tap hands out the step
     step_mean = _STOP_GRADIENT((batch_mean - running_mean) * float(momentum))
     step_var = _STOP_GRADIENT((batch_var - running_var) * float(momentum))
