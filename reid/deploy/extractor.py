@@ -209,9 +209,9 @@ class FeatureExtractor:
         if self.engine in ("onnx", "mindir"):
             from compat.export import check_format
             check_format(self.engine)
+        from reid.engine.checkpointer import check_weights_file
         weights = cfg.MODEL.WEIGHTS
-        if not os.path.isfile(weights):
-            raise UserError("weights file %s does not exist; check MODEL.WEIGHTS" % weights)
+        check_weights_file(weights)    # before the identity's hash: the model itself is built on first use
         self.cfg, self.sidecar, self.model_path = cfg, None, None
         self.flip = bool(cfg.TEST.FLIP) if flip is None else bool(flip)
         self.identity = {"kind": "weights", "weights": os.path.abspath(weights), "weights_sha256": file_sha256(weights),

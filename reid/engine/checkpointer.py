@@ -61,13 +61,18 @@ def load_training_state(path):
     return state
 
 
+def check_weights_file(path):
+    """A one-line error unless the weights file `path` (MODEL.WEIGHTS) exists."""
+    if not os.path.isfile(path):
+        raise UserError("weights file %s does not exist; check MODEL.WEIGHTS" % path)
+
+
 def model_state_from_file(path):
     """The model state dict stored in `path`, in this project's names: a training checkpoint of ours ({'model':
     ...}; the weight average instead when it was trained with SOLVER.EMA, the weights its evaluations scored), a
     plain state dict (ours or a real PyTorch `.pth`), or a checkpoint of the original ACL-DGReID code (its
     fast-reid {'model': ...} dict, keys perhaps prefixed with `module.`), renamed by reid.modeling.original."""
-    if not os.path.isfile(path):
-        raise UserError("weights file %s does not exist; check MODEL.WEIGHTS" % path)
+    check_weights_file(path)
     state = ckpt_io.load(path)
     hooks = state.get("hooks") if isinstance(state, dict) else None
     average = (hooks.get("WeightAverage") or {}).get("average") if isinstance(hooks, dict) else None
