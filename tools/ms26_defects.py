@@ -1,5 +1,7 @@
 """Two MindSpore 2.6.0.dev20250323 defects met by compiled training steps, each reduced to MindSpore alone (no
 project code, no torch-API layer); docs/mindtorch.md says which graph each one stopped and what compat does instead.
+It imports MindSpore directly on purpose, unlike everything outside compat/: a report to MindSpore's developers
+must show the defect without our adaptation layer in between.
 
     python tools/ms26_defects.py [side-effects|dict-aux|all] [--blocks 8,16,32,64] [--branches 4] [--timeout 120]
 

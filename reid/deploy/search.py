@@ -199,7 +199,7 @@ def rank1_from_lists(indices, q_pids, g_pids, q_camids, g_camids):
     return (100.0 * hits / counted if counted else float("nan")), counted
 
 
-MAX_RERANK_GALLERY = 20000   # re-ranking holds gallery x gallery distances: 1.6 GB at this size
+MAX_RERANK_GALLERY = 20000   # re-ranking holds gallery x gallery float32 distances (docs/retrieval.md#search)
 
 
 def rank_gallery(queries, gallery, k, exclude=None, method="exact", rerank=None, aqe=None, nlist=None, nprobe=None):
