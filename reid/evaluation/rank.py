@@ -13,15 +13,24 @@ numpy's default (unstable) argsort, so its order among exactly equal distances i
 
 How it avoids sorting the rows: the metrics only need the position of each correct match in the kept list.
 A query's positives (its pid in the gallery) are few; they are ordered by (distance, gallery index), which also
-counts the removed same-camera ones ahead of each match. The items of the whole row ahead of a match all lie at
-or below the row's farthest correct match, so only those are cut out of the row. A short cut-out is sorted and
-each match is looked up in it (exact ties are then resolved by gallery index in the row); a long float32 one is
-not sorted: each item gets an int64 key ordered as (distance, gallery index), and a match's position is the
-number of keys below its own, one comparison pass per match. The cost follows the number of items ahead of each
-query's last correct match, not a sort of the gallery; in the worst case (last matches at the end of the rows)
-the cut-out is the whole row. Memory: the positives of a chunk of queries plus one row's cut-out, so an
-MSMT17-scale matrix (11,659 x 82,161) is processed in bounded memory, and no (query x gallery) index matrix is
-ever built.
+counts the removed same-camera ones ahead of each match. What is left is, for each correct match, the number of
+items of the row ahead of it in (distance, gallery index) order. Two rankers compute it (``ranker=``):
+
+* ``"counting"`` (the default): the row is counted, not sorted. Its items are put in about gallery/4 bins of
+  equal width between the row's nearest item and its farthest correct match (one pass, a histogram); the items
+  in bins below a match's bin are ahead of it, and only the few items that share a bin with a match are
+  ordered exactly (distance, then gallery index). A bin index is a monotone function of the distance, so the
+  counts are exact, ties included. When few items lie at or below the farthest correct match (a good model),
+  those are cut out and sorted instead. Cost per query: O(gallery + positives log positives) whatever the
+  model's quality.
+* ``"cut-out"`` (the previous one, kept selectable until the counting one has proven itself): the items no
+  farther than the row's farthest correct match are cut out; a short cut-out is sorted, a long float32 one is
+  compared key by key with each match. Its cost follows the number of items ahead of the last correct match, so
+  it is fast on good models and up to a sort of the row on poor ones.
+
+Memory: the positives of a chunk of queries plus the counting ranker's block (a few rows' working arrays,
+BLOCK) or one row's cut-out, so an MSMT17-scale matrix (11,659 x 82,161) is processed in bounded memory, and no
+(query x gallery) index matrix is ever built.
 
 CUHK03 single-shot variant (``use_metric_cuhk03=True``, the "cuhk03" metric of fast-reid / torchreid): the CMC is
 averaged over ``num_repeats`` draws in which one image per gallery identity is kept (chosen uniformly, the query's
@@ -38,6 +47,15 @@ from compat.errors import UserError
 DEFAULT_BLOCK_ELEMENTS = 1 << 22
 # Cut-outs (items up to a query's farthest correct match) at least this long are counted without sorting.
 LONG_CUT_OUT = 4096
+RANKERS = ("counting", "cut-out")
+# The counting ranker (_items_ahead_counting): a row whose items up to its farthest correct match are at most
+# 1/SHORT_CUT_OUT of it is sorted instead of binned; about PER_BIN items per bin; bins beyond the farthest match
+# at most SPREAD times those up to it; BLOCK distances binned at a time (about 30 bytes of working arrays each,
+# 8 MB). Set where bench/eval.py's Market- and MSMT-scale cases ran fastest; any values give the same counts.
+SHORT_CUT_OUT = 8
+PER_BIN = 4
+SPREAD = 4
+BLOCK = 1 << 18
 
 
 class GalleryIndex(object):
@@ -77,7 +95,7 @@ def _float32_keys(values, columns, bits):
     return keys
 
 
-def _items_ahead(dist, dpos, gidx, good):
+def _items_ahead_cut_out(dist, dpos, gidx, good):
     """For each good slot (r, j): how many items of row r come before gallery item gidx[r, j] (distance dpos[r, j])
     in (distance, gallery index) order, i.e. its 0-based position in a stable argsort of the row. Other slots: 0.
     Each row's good slots must be in that order already (rank_chunk sorts the positives).
@@ -92,13 +110,12 @@ def _items_ahead(dist, dpos, gidx, good):
     c, n = dist.shape
     ahead = np.zeros(dpos.shape, np.int64)
     r, j = np.nonzero(good)                         # row-major: each row's good slots together, in order
-    probes = dpos[r, j]
+    probes, columns = dpos[r, j], gidx[r, j]
     bounds = np.searchsorted(r, np.arange(c + 1))
     less = np.empty(len(r), np.int64)
-    equal = np.zeros(len(r), np.int64)
     if dist.dtype == np.float32:
         bits = max(1, (n - 1).bit_length())
-        probe_keys = _float32_keys(probes.copy(), gidx[r, j], bits)
+        probe_keys = _float32_keys(probes.copy(), columns, bits)
     for row in np.flatnonzero(bounds[1:] > bounds[:-1]):
         a, b = bounds[row], bounds[row + 1]
         d = dist[row]
@@ -107,21 +124,97 @@ def _items_ahead(dist, dpos, gidx, good):
         # comparing costs (matches x cut-out), sorting (cut-out x log2 cut-out) and falls out of cache on long
         # cut-outs; the thresholds are where the Market- and MSMT-scale benchmarks broke even
         if dist.dtype == np.float32 and size >= LONG_CUT_OUT and b - a <= 4 * int(size).bit_length():
-            columns = np.flatnonzero(ahead_of_last)
-            keys = _float32_keys(d.take(columns), columns, bits)
+            cut = np.flatnonzero(ahead_of_last)
+            keys = _float32_keys(d.take(cut), cut, bits)
             less[a:b] = [np.count_nonzero(keys < key) for key in probe_keys[a:b]]
         else:
-            closer = d[ahead_of_last]
-            closer.sort()
-            less[a:b] = closer.searchsorted(probes[a:b], "left")
-            equal[a:b] = closer.searchsorted(probes[a:b], "right") - less[a:b]
-    for t in np.flatnonzero(equal > 1):             # others at exactly this distance: those at a lower index count
-        less[t] += np.count_nonzero(dist[r[t], :gidx[r[t], j[t]]] == probes[t])
+            less[a:b] = _sorted_cut_out(d, probes[a:b], columns[a:b], ahead_of_last)
     ahead[r, j] = less
     return ahead
 
 
-def rank_chunk(dist, q_pids, q_camids, gallery, first_query_index=0, cuhk03=None):
+def _items_ahead_counting(dist, dpos, gidx, good):
+    """What _items_ahead_cut_out gives, by counting (the module docstring). Per row, the distances are put in
+    bins of equal width, about gallery/PER_BIN of them from the row's nearest item to its farthest good match
+    (those beyond it go to the bins above, at most SPREAD times as many): one histogram gives the items in bins
+    below each match's bin, and the few items that share a bin with a match (its mates) are ordered exactly by
+    (distance, gallery index). The bin of a distance, trunc((d - lo) * scale), is monotone in d (each
+    floating-point step is), so every item in a lower bin is nearer than the match and every item in a higher
+    bin farther: the counts are exact. Rows are binned a block at a time (BLOCK distances), in one histogram
+    per block; rows where few items are no farther than the last match (estimated on a sample of the row) are
+    sorted instead."""
+    c, n = dist.shape
+    ahead = np.zeros(dpos.shape, np.int64)
+    r, j = np.nonzero(good)                         # row-major: each row's good slots together, in order
+    probes, columns = dpos[r, j], gidx[r, j]
+    bounds = np.searchsorted(r, np.arange(c + 1))
+    less = np.empty(len(r), np.int64)
+    rows = np.flatnonzero(bounds[1:] > bounds[:-1])
+    last = probes[bounds[rows + 1] - 1]             # the farthest good match of each row
+    sample = max(1, n // 256)
+    binned = np.count_nonzero(dist[:, ::sample][rows] <= last[:, None], axis=1) * (sample * SHORT_CUT_OUT) > n
+    for row in rows[~binned]:
+        a, b = bounds[row], bounds[row + 1]
+        less[a:b] = _sorted_cut_out(dist[row], probes[a:b], columns[a:b])
+    rows, last = rows[binned], last[binned]
+    num_bins = max(1, n // PER_BIN)
+    step = max(1, BLOCK // n)
+    for start in range(0, len(rows), step):
+        block = rows[start:start + step]
+        k = len(block)
+        x = dist[block]                             # a copy, made the bins' values in place
+        lo = x.min(1)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            scale = ((num_bins - 1) / (last[start:start + step] - lo)).astype(x.dtype)
+            x -= lo[:, None]
+            x *= scale[:, None]
+        top = x.max()
+        if not top <= SPREAD * num_bins:            # items far beyond the last match, infinities, or rows whose
+            x[~(np.isfinite(scale) & (scale > 0))] = 0     # matches all lie at the row's minimum: one bin each
+            np.minimum(x, SPREAD * num_bins, out=x)
+            top = x.max()
+        width = int(top) + 1
+        starts = np.arange(k) * width               # row i's bins are starts[i] .. starts[i] + width - 1
+        bins = np.add(x.astype(np.int32), starts[:, None], dtype=np.intp).ravel()
+        del x
+        counts = np.bincount(bins, minlength=k * width)
+        lens = bounds[block + 1] - bounds[block]
+        slot_row = np.repeat(np.arange(k), lens)
+        slots = np.arange(lens.sum()) + np.repeat(bounds[block] - (np.cumsum(lens) - lens), lens)
+        probe_items = slot_row * n + columns[slots]
+        probe_bins = bins[probe_items]
+        # items in bins below each match's, within its row: sums of the histogram between the edges
+        edges = np.unique(np.concatenate([starts, probe_bins]))
+        sums = np.add.reduceat(counts, edges)
+        before = np.cumsum(sums) - sums
+        below = before[np.searchsorted(edges, probe_bins)] - before[np.searchsorted(edges, starts[slot_row])]
+        shared = np.zeros(k * width, bool)
+        shared[probe_bins] = True
+        mates = shared[bins].nonzero()[0]           # the items in a match's bin (the matches among them)
+        mate_bins = bins[mates]
+        order = np.lexsort((dist[block[mates // n], mates % n], mate_bins))   # stable: then gallery index
+        place = np.empty(len(mates), np.int64)
+        place[order] = np.arange(len(mates))
+        first_in_bin = np.searchsorted(mate_bins[order], probe_bins, "left")
+        less[slots] = below + place[np.searchsorted(mates, probe_items)] - first_in_bin
+    ahead[r, j] = less
+    return ahead
+
+
+def _sorted_cut_out(d, p, g, cut=None):
+    """For the sorted probes p (distances of items g of row d): the items of d ahead of each, from a sort of the
+    items no farther than the last probe (`cut`, the mask of those, when the caller has it); exact ties
+    resolved by gallery index."""
+    closer = d[d <= p[-1] if cut is None else cut]
+    closer.sort()
+    less = closer.searchsorted(p, "left")
+    equal = closer.searchsorted(p, "right") - less
+    for t in np.flatnonzero(equal > 1):             # others at exactly this distance: those at a lower index count
+        less[t] += np.count_nonzero(d[:g[t]] == p[t])
+    return less
+
+
+def rank_chunk(dist, q_pids, q_camids, gallery, first_query_index=0, cuhk03=None, ranker="counting"):
     """Per-query results of one chunk of rows.
 
     Returns dict of arrays over the chunk's queries: ``valid`` (has a correct match), ``ap``, ``inp``,
@@ -166,7 +259,7 @@ def rank_chunk(dist, q_pids, q_camids, gallery, first_query_index=0, cuhk03=None
     good_before = np.cumsum(good, 1) - good
     junk_before = np.cumsum(junk, 1) - junk
 
-    ahead = _items_ahead(dist, dpos, gidx, good)
+    ahead = (_items_ahead_cut_out if ranker == "cut-out" else _items_ahead_counting)(dist, dpos, gidx, good)
     kept_pos = ahead - junk_before  # 0-based position among kept items
 
     valid = num_good > 0
@@ -236,7 +329,11 @@ def default_chunk_size(elements_per_row):
 class RankAccumulator(object):
     """Collects per-query results chunk by chunk and reduces them to (cmc, mAP, mINP)."""
 
-    def __init__(self, g_pids, g_camids, max_rank=50, use_metric_cuhk03=False, num_repeats=10, seed=0):
+    def __init__(self, g_pids, g_camids, max_rank=50, use_metric_cuhk03=False, num_repeats=10, seed=0,
+                 ranker="counting"):
+        if ranker not in RANKERS:
+            raise UserError("unknown ranker %r; use one of: %s" % (ranker, ", ".join(RANKERS)))
+        self.ranker = ranker
         self.gallery = GalleryIndex(g_pids, g_camids)
         self.max_rank = int(min(max_rank, self.gallery.size))
         self.cuhk03 = (int(num_repeats), int(seed), self.max_rank) if use_metric_cuhk03 else None
@@ -249,7 +346,7 @@ class RankAccumulator(object):
         return default_chunk_size(self.gallery.size + extra)
 
     def add(self, dist_chunk, q_pids, q_camids):
-        part = rank_chunk(dist_chunk, q_pids, q_camids, self.gallery, self.num_queries, self.cuhk03)
+        part = rank_chunk(dist_chunk, q_pids, q_camids, self.gallery, self.num_queries, self.cuhk03, self.ranker)
         self.num_queries += len(part["valid"])
         self.parts.append(part)
 
@@ -271,17 +368,18 @@ class RankAccumulator(object):
 
 
 def evaluate_rank(distmat, q_pids, g_pids, q_camids, g_camids, max_rank=50, use_metric_cuhk03=False,
-                  chunk_size=None, num_repeats=10, seed=0, return_per_query=False):
+                  chunk_size=None, num_repeats=10, seed=0, return_per_query=False, ranker="counting"):
     """(cmc (max_rank,), mAP, mINP) as fractions in 0..1; see the module docstring for the protocol.
 
     ``max_rank`` is capped at the gallery size (as fast-reid). ``chunk_size`` = queries per block (default:
     about 4M distance entries per block). ``return_per_query=True`` adds a dict of per-query arrays
-    (``valid``, ``ap``, ``inp``, ``first``, ``num_kept``).
+    (``valid``, ``ap``, ``inp``, ``first``, ``num_kept``). ``ranker``: one of RANKERS (module docstring); both
+    give the same numbers.
     """
     if not hasattr(distmat, "ndim"):
         distmat = np.asarray(distmat)  # arrays and memmaps are used as they are, row block by row block
     _check_inputs(distmat, q_pids, g_pids, q_camids, g_camids)
-    acc = RankAccumulator(g_pids, g_camids, max_rank, use_metric_cuhk03, num_repeats, seed)
+    acc = RankAccumulator(g_pids, g_camids, max_rank, use_metric_cuhk03, num_repeats, seed, ranker)
     q_pids, q_camids = np.asarray(q_pids).reshape(-1), np.asarray(q_camids).reshape(-1)
     step = int(chunk_size) if chunk_size else acc.chunk_size()
     for start in range(0, distmat.shape[0], step):
