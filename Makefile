@@ -2,7 +2,9 @@
 #   .venv            Python 3.9 + MindSpore 2.0.0 + MSAdapter 0.1.0 (the default backend)
 #   .venv-torch      Python 3.11 + torch 2.13.0 CPU (the reference backend and parity oracle)
 #   .venv-mindtorch  Python 3.9 + MindSpore 2.6.0.dev20250323 (PyPI pre-release) + mindtorch 0.4.0
-# Each is (re)installed only when its requirements file changes (a stamp file inside the venv).
+# Each gets its requirements file, then this checkout installed editable (`pip install -e .`: `reid` and
+# `compat` import from any folder and the acl-reid-* commands are on the environment's PATH; docs/install.md);
+# it is (re)installed only when its requirements file or pyproject.toml changes (a stamp file inside the venv).
 SHELL := /bin/bash
 PY39  ?= $(shell tools/find_python.sh 3.9)
 PY311 ?= $(shell tools/find_python.sh 3.11)
@@ -11,29 +13,29 @@ TORCH_PY := .venv-torch/bin/python
 MT_PY    := .venv-mindtorch/bin/python
 PYTEST_ARGS ?=
 DEMO_CONFIG ?= configs/synthetic/acl.yml
+PIP := -m pip install -q --disable-pip-version-check
 
-.PHONY: test-compiled test-dist test-mindtorch setup setup-ms setup-torch setup-mindtorch demo test bench clean-venvs
+.PHONY: test-compiled test-dist test-mindtorch setup demo test bench clean-venvs
 
-setup: setup-ms setup-torch setup-mindtorch
-setup-ms: .venv/.reqs-stamp
-setup-torch: .venv-torch/.reqs-stamp
-setup-mindtorch: .venv-mindtorch/.reqs-stamp
+# $(call ENVIRONMENT,name,folder,requirements file,python): target setup-<name> makes <folder> with <python>,
+# installs the requirements and the checkout; `make setup` makes every environment declared so. One line each:
+ENVIRONMENTS :=
+define ENVIRONMENT
+ENVIRONMENTS += setup-$(1)
+.PHONY: setup-$(1)
+setup-$(1): $(2)/.reqs-stamp
+$(2)/.reqs-stamp: $(3) pyproject.toml
+	@test -x $(2)/bin/python || $(4) -m venv $(2)
+	$(2)/bin/python $(PIP) -r $(3)
+	$(2)/bin/python $(PIP) --no-deps -e .
+	@touch $$@
+endef
+$(eval $(call ENVIRONMENT,ms,.venv,requirements.txt,$(PY39)))
+$(eval $(call ENVIRONMENT,torch,.venv-torch,requirements-torch.txt,$(PY311)))
+# the largest download (docs/install.md); the exact pre-release pin in the file lets pip take it without --pre
+$(eval $(call ENVIRONMENT,mindtorch,.venv-mindtorch,requirements-mindtorch.txt,$(PY39)))
 
-.venv/.reqs-stamp: requirements.txt
-	@test -x $(MS_PY) || $(PY39) -m venv .venv
-	$(MS_PY) -m pip install -q --disable-pip-version-check -r requirements.txt
-	@touch $@
-
-.venv-torch/.reqs-stamp: requirements-torch.txt
-	@test -x $(TORCH_PY) || $(PY311) -m venv .venv-torch
-	$(TORCH_PY) -m pip install -q --disable-pip-version-check -r requirements-torch.txt
-	@touch $@
-
-# The largest download (docs/install.md). The exact pre-release pin in the file lets pip take it without --pre.
-.venv-mindtorch/.reqs-stamp: requirements-mindtorch.txt
-	@test -x $(MT_PY) || $(PY39) -m venv .venv-mindtorch
-	$(MT_PY) -m pip install -q --disable-pip-version-check -r requirements-mindtorch.txt
-	@touch $@
+setup: $(ENVIRONMENTS)
 
 # The main job: train ACL briefly on 3 built-in synthetic domains, evaluate on the 4th (MindSpore backend).
 # STACK picks the MindSpore stack: msadapter (the default: .venv, MindSpore 2.0.0) or mindtorch (.venv-mindtorch,

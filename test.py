@@ -1,20 +1,6 @@
 #!/usr/bin/env python
-"""Evaluate trained weights on the configured target domain(s).
-
-    python test.py --config-file output/synthetic/acl/config.yaml MODEL.WEIGHTS output/synthetic/acl/model_final.pth
-        [--backend torch] [--vis-rank 8] [--reference histogram] [KEY VALUE ...]
-    python test.py --config-file configs/synthetic/acl.yml --reference histogram     (the reference alone)
-    python test.py --config-file output/synthetic/acl/config.yaml --engine onnx --model model.onnx
-        (an exported file from tools/export.py: onnxruntime for ONNX, MindSpore GraphCell for MINDIR)
-"""
-from reid.engine.launch import parse_args, setup_cfg, test
-
-
-def main(argv=None):
-    args = parse_args(__doc__, training=False, argv=argv)
-    test(setup_cfg(args), vis_rank=args.vis_rank, reference_only=bool(args.reference), engine=args.engine,
-         model_path=args.model)
-
+"""Evaluate trained weights: reid/cli/test.py, which `acl-reid-test` also runs (its --help)."""
+from reid.cli.test import main
 
 if __name__ == "__main__":
     main()

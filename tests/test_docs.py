@@ -80,15 +80,11 @@ def shell_commands(text):
 
 @functools.lru_cache(maxsize=None)
 def make_targets():
-    text = (ROOT / "Makefile").read_text()
-    targets = set()
-    for line in text.splitlines():
-        m = re.match(r"^([A-Za-z0-9_.\- ]+?)\s*:(?!=)", line)
-        if m and not line.startswith("\t"):
-            targets.update(m.group(1).split())
-    for phony in re.findall(r"^\.PHONY:(.*)$", text, re.M):
-        targets.update(phony.split())
-    return targets
+    """The Makefile's targets as make reads them, rules written through $(eval ...) included (make -p prints its
+    database; -q runs nothing)."""
+    out = subprocess.run(["make", "-pRrq", "-f", "Makefile", ":"], cwd=str(ROOT), capture_output=True, text=True,
+                         timeout=120)
+    return set(re.findall(r"^([A-Za-z0-9_.\-/]+):(?![=:])", out.stdout, re.M))
 
 
 @functools.lru_cache(maxsize=None)

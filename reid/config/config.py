@@ -115,6 +115,30 @@ def yaml_chain(path, what="config file", seen=()):
     return chain + [(path, data)]
 
 
+def shipped_configs():
+    """The configs/ folder that comes with this code: inside the installed package (reid/configs), or beside
+    reid/ in a checkout (an editable install is one); None if there is neither."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for folder in (os.path.join(package, "configs"), os.path.join(os.path.dirname(package), "configs")):
+        if os.path.isdir(folder):
+            return folder
+    return None
+
+
+def find_config_file(path):
+    """`path` when it exists; else, if it names one of the shipped configs relative to configs/
+    (configs/synthetic/acl.yml or synthetic/acl.yml), that one: the commands of an installed package take
+    the configs of the README from any folder. A missing path is returned as it is (loading reports it)."""
+    if os.path.isfile(os.path.expanduser(path)) or os.path.isabs(os.path.expanduser(path)):
+        return path
+    rel = os.path.normpath(path).replace(os.sep, "/")
+    rel = rel[len("configs/"):] if rel.startswith("configs/") else rel
+    folder = shipped_configs()
+    if folder and not rel.startswith("../") and os.path.isfile(os.path.join(folder, *rel.split("/"))):
+        return os.path.join(folder, *rel.split("/"))
+    return path
+
+
 def _merge_file(cfg, path):
     for name, data in yaml_chain(path):
         _add_custom_entries_of_file(cfg, data, name)
@@ -136,7 +160,7 @@ def load_cfg(config_file=None, opts=()):
     """Defaults, then `config_file`, then `opts` ([KEY, VALUE, ...]); returns the frozen config."""
     cfg = get_cfg()
     if config_file:
-        _merge_file(cfg, config_file)
+        _merge_file(cfg, find_config_file(config_file))
     opts = list(opts or [])
     if len(opts) % 2:
         raise ConfigError("command-line overrides must be KEY VALUE pairs; got an odd count: %s" % " ".join(opts))

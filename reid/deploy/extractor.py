@@ -153,6 +153,7 @@ class FeatureExtractor:
                  normalize=True, flip=None, progress=False):
         import compat
         from reid.config import load_cfg
+        from reid.config.config import find_config_file
         from reid.data.transforms import build_transforms
         from reid.runtime import configure_runtime
 
@@ -181,7 +182,8 @@ class FeatureExtractor:
         for i in range(0, len(source_opts) - 1, 2):
             if source_opts[i] == "MODEL.WEIGHTS" and source_opts[i + 1]:
                 source_opts[i + 1] = os.path.abspath(source_opts[i + 1])
-        self.source = {"config_file": os.path.abspath(str(config)) if isinstance(config, (str, os.PathLike)) else None,
+        self.source = {"config_file": os.path.abspath(find_config_file(str(config)))
+                       if isinstance(config, (str, os.PathLike)) else None,
                        "opts": source_opts, "model": os.path.abspath(str(model)) if model else None}
         self.batch_size = int(batch_size)
         self.normalize = bool(normalize)

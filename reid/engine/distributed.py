@@ -39,6 +39,15 @@ EXIT_CLUSTER_FORMATION = 75  # = compat.distributed.EXIT_CLUSTER_FORMATION (not 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+def python_command(script, python=None):
+    """The command that runs `script` again: a .py file (a checkout's train.py), or a module run with -m (an
+    installed package's console command, e.g. reid.cli.train)."""
+    python = python or sys.executable
+    if script.endswith(".py"):
+        return [python, os.path.abspath(script)]
+    return [python, "-m", script]
+
+
 def local_splits(num_splits, world_size):
     """How many MODEL.NUM_SPLITS chunks each of `world_size` ranks emulates: MODEL.NUM_SPLITS counts the
     DataParallel devices of the whole run (1: one device per rank)."""
@@ -133,7 +142,7 @@ def launch(script, argv, backend, nproc, nnodes=1, node_rank=0, master_addr=DEFA
                         % (nproc, nnodes, node_rank))
     if node_rank == 0:
         check_port_free(master_addr, master_port)
-    command = [sys.executable, os.path.abspath(script)] + rank_argv(argv) + ["--max-restarts", "0"]
+    command = python_command(script) + rank_argv(argv) + ["--max-restarts", "0"]
     env = rank_env(nproc, master_addr)
     if backend == "torch":
         env.setdefault("OMP_NUM_THREADS", env["REID_NUM_THREADS"])   # torch's intra-op pool

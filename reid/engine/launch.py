@@ -159,11 +159,12 @@ def write_config(cfg):
 
 
 def supervise_training(script, argv, cfg, args):
-    """Run `script` (train.py) with the same arguments in a supervised child process (--max-restarts);
-    returns the exit status."""
+    """Run `script` (train.py, or the module reid.cli.train) with the same arguments in a supervised child
+    process (--max-restarts); returns the exit status."""
+    from reid.engine.distributed import python_command
     from reid.engine.supervisor import supervise
     argv = list(sys.argv[1:] if argv is None else argv)
-    command = [sys.executable, os.path.abspath(script)] + argv + ["--max-restarts", "0"]
+    command = python_command(script) + argv + ["--max-restarts", "0"]
     return supervise(command, cfg.OUTPUT_DIR, args.max_restarts, resume=args.resume)
 
 

@@ -15,13 +15,15 @@ import os
 import shlex
 import statistics
 import subprocess
-import sys
 import time
 
 from compat.errors import UserError
+from reid.engine.distributed import python_command
 
 RESULT_KEYS = ("mAP", "Rank-1", "mINP")
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# each run: the checkout's train.py, else (an installed package) the module behind acl-reid-train
+_CHECKOUT_TRAIN = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "train.py")
+TRAIN = _CHECKOUT_TRAIN if os.path.isfile(_CHECKOUT_TRAIN) else "reid.cli.train"
 
 
 def parse_variant(text, default_config):
@@ -211,8 +213,8 @@ def run_sweep(variants, seeds, out_dir, jobs=1, threads=None, common_opts=(), tr
             while pending and len(running) < jobs and (stop_after is None or time.time() - start < stop_after):
                 (name, config, opts), seed = pending.pop(0)
                 out = run_dir(out_dir, name, seed)
-                cmd = [python or sys.executable, os.path.join(REPO_ROOT, "train.py"), "--config-file", config] + \
-                    list(train_args) + list(common_opts) + list(opts) + ["SEED", str(seed), "OUTPUT_DIR", out]
+                cmd = python_command(TRAIN, python) + ["--config-file", config] + list(train_args) + \
+                    list(common_opts) + list(opts) + ["SEED", str(seed), "OUTPUT_DIR", out]
                 if os.path.isdir(out) and os.listdir(out):   # an earlier attempt that failed or was stopped
                     attempt = 1
                     while os.path.exists("%s.attempt-%d" % (out, attempt)):
