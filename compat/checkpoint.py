@@ -166,6 +166,24 @@ def _write_zip(obj, fh):
         _write_record(zf, fh, _PREFIX + "/version", b"3\n")
 
 
+def new_file_mode():
+    """The mode open() gives a new file here: 0o666 less the process's umask (0o644 under the usual 022)."""
+    try:
+        with open("/proc/self/status") as fh:      # Linux: read without changing it
+            mask = next(int(line.split()[1], 8) for line in fh if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        mask = os.umask(0o022)                      # elsewhere reading it sets it: put it back at once
+        os.umask(mask)
+    return 0o666 & ~mask
+
+
+def honour_umask(path):
+    """Give `path` the mode a file created with open() would have: a temporary file (mkstemp: owner only) moved
+    into place, or a file MindSpore's exporter wrote (owner read-only), would keep its own."""
+    os.chmod(path, new_file_mode())
+    return path
+
+
 def atomic_write(path, write_fn, suffix=".tmp"):
     """Call write_fn(file) on a temporary file next to `path`, fsync it and move it over `path`."""
     path = os.fspath(path)
@@ -178,6 +196,7 @@ def atomic_write(path, write_fn, suffix=".tmp"):
             write_fn(fh)
             fh.flush()
             os.fsync(fh.fileno())
+        honour_umask(tmp)
         os.replace(tmp, path)
     except BaseException:
         try:

@@ -17,6 +17,7 @@ import warnings
 import numpy as np
 
 import compat as _c
+from compat.checkpoint import honour_umask
 from compat.errors import UserError
 
 FORMATS = ("onnx", "mindir")
@@ -51,6 +52,7 @@ def export(net, example, path, fmt):
         with _c.jit.fallback_kept():
             mindspore.export(net, mindspore.Tensor(example), file_name=path[:-len(SUFFIX[fmt])],
                              file_format=fmt.upper())
+        honour_umask(path)      # MindSpore leaves its files readable by their owner alone
         return {"dynamic_batch": False}
     torch = _c.torch
     try:

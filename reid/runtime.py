@@ -25,6 +25,19 @@ def compile_cache_dir(cfg):
     return value or os.path.join(cfg.OUTPUT_DIR, "compile_cache")
 
 
+def user_cache_dir(cfg=None):
+    """Where a model's one-time artifacts (exported files, compiled graphs of the feature extractor) are kept:
+    cfg's CACHE_DIR, else $REID_CACHE, else $XDG_CACHE_HOME/acl-reid (an absolute XDG_CACHE_HOME only, as the
+    XDG spec says), else ~/.cache/acl-reid. Absolute."""
+    folder = str(cfg.CACHE_DIR).strip() if cfg is not None and "CACHE_DIR" in cfg else ""
+    folder = folder or os.environ.get("REID_CACHE", "").strip()
+    if not folder:
+        xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
+        base = xdg if os.path.isabs(xdg) else os.path.join(os.path.expanduser("~"), ".cache")
+        folder = os.path.join(base, "acl-reid")
+    return os.path.abspath(os.path.expanduser(folder))
+
+
 def num_classes_in_state(state):
     """Per-domain class counts of a saved model (from its classifier shapes), or None."""
     counts = {}

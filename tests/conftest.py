@@ -1,4 +1,8 @@
+import atexit
+import os
+import shutil
 import sys
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -8,6 +12,11 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+# The feature extractor's cache (exported files, compiled graphs: reid.runtime.user_cache_dir) goes to a
+# folder of this session, never the user's ~/.cache/acl-reid; subprocesses inherit it.
+os.environ["REID_CACHE"] = tempfile.mkdtemp(prefix="reid-test-cache-")
+atexit.register(shutil.rmtree, os.environ["REID_CACHE"], True)
 
 
 @pytest.fixture(scope="session")

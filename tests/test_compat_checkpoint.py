@@ -396,3 +396,18 @@ def _zip_bytes(records):
         for name, data in records.items():
             zf.writestr(name, data)
     return buf.getvalue()
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_saved_files_follow_the_umask(tmp_path, umask):
+    """A checkpoint is written to a temporary file (owner-only) and moved into place: it ends with the mode a
+    file created with open() gets, 0o666 less the umask."""
+    from compat import checkpoint
+    previous = os.umask(umask)
+    try:
+        assert checkpoint.new_file_mode() == 0o666 & ~umask
+        path = str(tmp_path / "state.pth")
+        checkpoint.save({"w": np.zeros(3, np.float32)}, path)
+        assert os.stat(path).st_mode & 0o777 == 0o666 & ~umask
+    finally:
+        os.umask(previous)

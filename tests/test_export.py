@@ -132,6 +132,10 @@ def test_exported_files_give_the_eager_features(native):
             assert isinstance(side["opset"], int) and side["opset"] >= 11
         with open(native["files"][fmt] + ".json") as fh:
             assert json.load(fh) == side
+        # readable by others as the umask says (MindSpore's exporter leaves its files owner-read-only)
+        from compat.checkpoint import new_file_mode
+        for path in (native["files"][fmt], native["files"][fmt] + ".json"):
+            assert os.stat(path).st_mode & 0o777 == new_file_mode(), (path, oct(os.stat(path).st_mode))
 
 
 @pytest.mark.parity

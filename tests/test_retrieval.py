@@ -105,7 +105,7 @@ def reference(world):
 
 
 @pytest.mark.parametrize("engine", ["eager", "compiled", "onnx", "mindir"])
-def test_extractor_gives_test_py_features(world, reference, engine):
+def test_extractor_gives_test_py_features(world, reference, engine, capfd):
     """FeatureExtractor on the query images (paths, a folder, decoded arrays) gives test.py's features,
     L2-normalised: eager and compiled to 1e-5, this backend's ONNX file (onnxruntime) and MINDIR file (batch 1
     on MindSpore: one export per case) to 1e-4, each given the weights (exported once, then reused) and given
@@ -125,17 +125,31 @@ def test_extractor_gives_test_py_features(world, reference, engine):
             with pytest.raises(UserError, match="MindIR files can only be run with the MindSpore backend"):
                 FeatureExtractor(model=str(world["root"] / "none.mindir"))
             return
-        # given the weights, the network is exported once into OUTPUT_DIR/deploy_cache (batch 1 on MindSpore,
-        # dynamic on torch); given that file (and its sidecar), it runs without a config
-        from_weights = FeatureExtractor(config=DEMO, opts=opts_for(world), engine=engine, batch_size=1)
+        # given the weights, the network is exported once into the user cache's deploy/ (CACHE_DIR here; batch 1
+        # on MindSpore, dynamic on torch), announced by one line first, the files readable as the umask says;
+        # given that file (and its sidecar), it runs without a config
+        from compat.checkpoint import new_file_mode
+        cache = world["root"] / ("cache-" + engine)
+        opts = opts_for(world, extra=["CACHE_DIR", str(cache)])
+        from_weights = FeatureExtractor(config=DEMO, opts=opts, engine=engine, batch_size=1)
         assert from_weights.model_path is None and from_weights.describe()["weights_sha256"]   # built on first use
+        capfd.readouterr()
         assert np.abs(from_weights(reference["paths"][:3]) - normalize(reference["features"][:3])).max() <= 1e-4
+        notice = capfd.readouterr().err
         path = from_weights.model_path
-        assert path.startswith(str(world["root"] / "out" / "deploy_cache")) and path.endswith("." + engine)
+        assert path.startswith(str(cache / "deploy")) and path.endswith("." + engine)
+        assert not os.path.exists(str(world["root"] / "out" / "deploy_cache"))    # nothing in OUTPUT_DIR
+        assert notice.startswith("first use of baseline.pth with engine %s: exporting the network to %s once (1 "
+                                 "file, the engine runs them), roughly " % (engine, engine.upper()))
+        assert notice.rstrip().endswith("s on a 2-core CPU; kept in %s for later runs" % (cache / "deploy"))
+        assert notice.count("\n") == 1
+        for written in (path, path + ".json"):
+            assert os.stat(written).st_mode & 0o777 == new_file_mode(), oct(os.stat(written).st_mode)
         written = os.stat(path).st_mtime_ns
-        again = FeatureExtractor(config=DEMO, opts=opts_for(world), engine=engine, batch_size=1)
+        again = FeatureExtractor(config=DEMO, opts=opts, engine=engine, batch_size=1)
         assert again.net is not None and again.model_path == path
         assert os.stat(path).st_mtime_ns == written     # reused, not exported again
+        assert capfd.readouterr().err == ""              # and nothing announced
         extractor = FeatureExtractor(model=path, batch_size=5)
         assert extractor.flip is True and extractor.identity["kind"] == "exported"   # TEST.FLIP, from the sidecar
         tolerance = 1e-4
@@ -144,10 +158,20 @@ def test_extractor_gives_test_py_features(world, reference, engine):
             with pytest.raises(UserError, match="engine compiled is MindSpore's graph mode"):
                 FeatureExtractor(config=DEMO, opts=opts_for(world), engine="compiled")
             return
-        extractor = FeatureExtractor(config=DEMO, opts=opts_for(world), engine=engine, batch_size=8)
+        # compiled: the graph kept in the user cache (REID_CACHE here), TINY's "off" undone
+        extra = ["MODEL.COMPILE_CACHE", ""] if engine == "compiled" else []
+        extractor = FeatureExtractor(config=DEMO, opts=opts_for(world, extra=extra), engine=engine, batch_size=8)
         tolerance = 1e-5
     assert extractor.engine == engine
+    capfd.readouterr()
     got = extractor(reference["paths"])
+    if engine == "compiled":      # the graph's build announced, its cache in the user cache (REID_CACHE here)
+        from reid.runtime import user_cache_dir
+        assert capfd.readouterr().err.startswith(
+            "engine compiled: building the network's graph for batches of 8 (MindSpore graph mode, faster "
+            "extraction), roughly 60 s on a 2-core CPU the first time; kept in %s for later runs\n"
+            % os.path.join(user_cache_dir(), "compile_cache"))
+        assert os.listdir(os.path.join(user_cache_dir(), "compile_cache"))
     want = normalize(reference["features"])
     assert got.dtype == np.float32 and got.shape == want.shape == (21, 256)
     assert np.abs(got - want).max() <= tolerance, np.abs(got - want).max()
@@ -161,6 +185,22 @@ def test_extractor_gives_test_py_features(world, reference, engine):
         raw = FeatureExtractor(config=DEMO, opts=opts_for(world), engine="eager", normalize=False)(arrays[:5])
         scale = np.abs(reference["features"]).max()
         assert np.abs(raw - reference["features"][:5]).max() <= 1e-5 * scale and scale > 1
+
+
+def test_the_cache_folder_is_the_config_key_then_reid_cache_then_xdg(monkeypatch, tmp_path):
+    from reid.config import load_cfg
+    from reid.runtime import user_cache_dir
+    monkeypatch.delenv("REID_CACHE", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert user_cache_dir() == str(tmp_path / "home" / ".cache" / "acl-reid")
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/ignored")      # the XDG spec: absolute paths only
+    assert user_cache_dir() == str(tmp_path / "home" / ".cache" / "acl-reid")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert user_cache_dir(load_cfg(None, [])) == str(tmp_path / "xdg" / "acl-reid")
+    monkeypatch.setenv("REID_CACHE", "~/models")
+    assert user_cache_dir(load_cfg(None, [])) == str(tmp_path / "home" / "models")
+    assert user_cache_dir(load_cfg(None, ["CACHE_DIR", str(tmp_path / "key")])) == str(tmp_path / "key")
 
 
 def test_fixed_batch_files_take_full_batches_and_the_rest_image_by_image():

@@ -8,6 +8,10 @@ from yacs.config import CfgNode as CN
 _C = CN()
 _C.SEED = 0                       # global seed (numpy, python, backend, samplers); the original used a random one
 _C.OUTPUT_DIR = "output/acl_protocol2_cuhk03"
+# Where the feature extractor (reid.deploy, tools/index.py, tools/search.py) keeps what it makes once per model
+# and reuses: the files it exports from weights (deploy/) and its compiled graphs (compile_cache/).
+# "" = $REID_CACHE, else $XDG_CACHE_HOME/acl-reid, else ~/.cache/acl-reid.
+_C.CACHE_DIR = ""
 
 # ----------------------------------------------------------------------------- model
 _C.MODEL = CN()

@@ -15,17 +15,23 @@ on the engine picked:
   eager     the network with MODEL.WEIGHTS, op by op
   compiled  the same network compiled (MindSpore graph mode, test.py's TEST.JIT path, kept in the compile cache)
   onnx      an exported .onnx file in onnxruntime (either backend); given weights, the network is exported
-            once into OUTPUT_DIR/deploy_cache (tools/export.py's code) and that file runs (MindSpore: two
-            fixed-batch files, of the batch size and of batch 1)
+            once into the user cache (CACHE_DIR, else $REID_CACHE, else ~/.cache/acl-reid: reid.runtime's
+            user_cache_dir; tools/export.py's code) and that file runs (MindSpore: two fixed-batch files, of the
+            batch size and of batch 1)
   mindir    an exported .mindir file as a MindSpore GraphCell (MindSpore backend), likewise
   auto      the fastest of these for what was given (`default_engine`, measured by bench/infer.py)
 
 An exported file needs no config: its sidecar gives the input size (TEST.FLIP then comes from the sidecar, or
 False for files exported before it was recorded); given a config too, the two are checked against each other.
+
+One-time work (an export from weights, a compiled graph's build) happens before the first images are read and
+is announced by one line on stderr (what, why, roughly how long, where it is kept; `notices=False` leaves it
+out), so that a progress bar that follows times the images alone.
 """
 import hashlib
 import json
 import os
+import sys
 
 import numpy as np
 
@@ -37,6 +43,9 @@ IDENTITY_VERSION = 1
 # MODEL keys that change nothing in the eval features of given weights: runtime settings, training-only parts
 _NOT_IN_FEATURES = ("WEIGHTS", "DEVICE", "JIT", "JIT_SHARED_GRAPH", "JIT_HELPER_THREAD", "NUM_THREADS",
                     "COMPILE_CACHE", "NUM_SPLITS", "CHUNK_FORWARDS", "LOSSES")
+# Rough seconds of the one-time work per file or graph, for the line announcing it: the full-size network on a
+# 2-core CPU, export with its check against the eager model (docs/retrieval.md#engines has measured times)
+ROUGH_SECONDS = {("export", "mindspore"): 40, ("export", "torch"): 10, ("compile", "mindspore"): 60}
 
 
 def default_engine(given, backend, onnxruntime=None):
@@ -103,6 +112,15 @@ def _sidecar_config(sidecar, flip):
     return json.dumps(keys, sort_keys=True)
 
 
+def _override(cfg, opts):
+    """A frozen copy of `cfg` with opts ([KEY, VALUE, ...]) merged in."""
+    cfg = cfg.clone()
+    cfg.defrost()
+    cfg.merge_from_list(list(opts))
+    cfg.freeze()
+    return cfg
+
+
 def _image_size_cfg(size):
     """The default config with INPUT.SIZE_TEST = size: what the test transform needs for an exported file."""
     from reid.config import get_cfg
@@ -147,15 +165,16 @@ class FeatureExtractor:
     `model` file (.onnx / .mindir with its sidecar, `config` optional). `opts`: config overrides [KEY, VALUE, ...].
     `engine`: one of ENGINES. `batch_size`: images per forward (a fixed-batch exported file takes its own).
     `normalize`: L2-normalise the features (the cosine metric of test.py compares them so). `flip`: None takes
-    TEST.FLIP. `progress`: a tqdm bar while extracting files."""
+    TEST.FLIP. `progress`: a tqdm bar while extracting files. `notices`: one line on stderr before one-time work
+    (exporting the weights, building a compiled graph)."""
 
     def __init__(self, config=None, weights=None, model=None, opts=(), engine="auto", batch_size=DEFAULT_BATCH,
-                 normalize=True, flip=None, progress=False):
+                 normalize=True, flip=None, progress=False, notices=True):
         import compat
         from reid.config import load_cfg
         from reid.config.config import find_config_file
         from reid.data.transforms import build_transforms
-        from reid.runtime import configure_runtime
+        from reid.runtime import configure_runtime, user_cache_dir
 
         if engine not in ENGINES:
             raise UserError("unknown engine %r; use one of: %s" % (engine, ", ".join(ENGINES)))
@@ -170,10 +189,7 @@ class FeatureExtractor:
         if config is not None:
             cfg = load_cfg(config, opts) if isinstance(config, (str, os.PathLike)) else config
             if opts and not isinstance(config, (str, os.PathLike)):
-                cfg = cfg.clone()
-                cfg.defrost()
-                cfg.merge_from_list(opts)
-                cfg.freeze()
+                cfg = _override(cfg, opts)
         elif opts and not model:
             cfg = load_cfg(None, opts)
         self.backend = compat.BACKEND
@@ -187,7 +203,8 @@ class FeatureExtractor:
                        "opts": source_opts, "model": os.path.abspath(str(model)) if model else None}
         self.batch_size = int(batch_size)
         self.normalize = bool(normalize)
-        self.progress = bool(progress)
+        self.progress, self.notices = bool(progress), bool(notices)
+        self._graph_batch = 0     # the batch size of the compiled graph built so far (engine compiled)
         if model:
             self._from_file(str(model), cfg, engine, flip)
         else:
@@ -195,6 +212,9 @@ class FeatureExtractor:
                 raise UserError("a feature extractor needs a model: a config file and its weights (MODEL.WEIGHTS "
                                 "path/to/model_final.pth), or an exported file (--model path/to/model.onnx)")
             self._from_weights(cfg, engine, flip)
+        if not str(self.cfg.MODEL.COMPILE_CACHE).strip():   # compiled graphs in the user cache, not OUTPUT_DIR
+            self.cfg = _override(self.cfg, ["MODEL.COMPILE_CACHE", os.path.join(user_cache_dir(self.cfg),
+                                                                                "compile_cache")])
         configure_runtime(self.cfg)
         self.transform = build_transforms(self.cfg, is_train=False)
         self.image_size = tuple(int(v) for v in self.cfg.INPUT.SIZE_TEST)
@@ -229,47 +249,57 @@ class FeatureExtractor:
 
     def _build_from_weights(self, cfg):
         from reid.runtime import build_eval_model
-        net = build_eval_model(cfg)      # checks that the weights fit the config
-        if self.engine in ("onnx", "mindir"):
-            from reid.deploy.export import ExportedModel
-            # torch writes one dynamic-batch file; MindSpore fixed-batch ones: one of the batch size for full
-            # batches and one of batch 1 for the rest, so that neither a gallery nor a single query is padded
-            batches = [None] if self.backend != "mindspore" else sorted({self.batch_size, 1}, reverse=True)
-            files = [ExportedModel(self._exported(cfg, self.engine, batch, net if i == 0 else build_eval_model(cfg)),
-                                   self.engine) for i, batch in enumerate(batches)]
-            net = files[0] if len(files) == 1 else FixedBatchFiles(*files)
-            self.model_path, self.sidecar = files[0].path, files[0].sidecar
-            self.feature_size = int(self.sidecar["model"]["feature_size"])
+        if self.engine not in ("onnx", "mindir"):
+            return build_eval_model(cfg)      # checks that the weights fit the config
+        from reid.deploy.export import ExportedModel
+        # torch writes one dynamic-batch file; MindSpore fixed-batch ones: one of the batch size for full batches
+        # and one of batch 1 for the rest, so that neither a gallery nor a single query is padded
+        batches = [None] if self.backend != "mindspore" else sorted({self.batch_size, 1}, reverse=True)
+        paths = [self._export_path(cfg, batch) for batch in batches]
+        missing = [(path, batch) for path, batch in zip(paths, batches)
+                   if not (os.path.exists(path) and os.path.exists(path + ".json"))]   # the sidecar is written last
+        if missing:
+            self._notice("first use of %s with engine %s: exporting the network to %s once (%d file%s, the engine "
+                         "runs them), roughly %d s on a 2-core CPU; kept in %s for later runs" % (
+                             os.path.basename(cfg.MODEL.WEIGHTS), self.engine, self.engine.upper(), len(missing),
+                             "" if len(missing) == 1 else "s",
+                             ROUGH_SECONDS[("export", self.backend)] * len(missing), os.path.dirname(paths[0])))
+        for path, batch in missing:
+            self._export(cfg, path, batch, build_eval_model(cfg))    # checks that the weights fit the config
+        files = [ExportedModel(path, self.engine) for path in paths]
+        net = files[0] if len(files) == 1 else FixedBatchFiles(*files)
+        self.model_path, self.sidecar = files[0].path, files[0].sidecar
+        self.feature_size = int(self.sidecar["model"]["feature_size"])
         return net
 
-    def _exported(self, cfg, fmt, batch, model):
-        """`model` (cfg's, with its weights; the export takes it over) exported to `fmt` (fixed `batch`, or
-        None: the framework's dynamic one) once, and kept in OUTPUT_DIR/deploy_cache under a name that hashes
-        the weights, the feature config, the framework and the batch, so that a later extractor of the same
-        model loads the file."""
+    def _export_path(self, cfg, batch):
+        """Where the file of `batch` (None: the framework's dynamic one) is kept: the user cache's deploy/, under
+        a name that hashes the weights, the feature config, the framework and the format, so that a later
+        extractor of the same model loads it."""
         from compat.export import framework_version
-        from reid.deploy.export import SUFFIX, export_model
+        from reid.deploy.export import SUFFIX
+        from reid.runtime import user_cache_dir
         key = _text_sha256(json.dumps([self.identity["weights_sha256"], self.identity["config_sha256"],
-                                       self.backend, framework_version(), fmt]))[:16]
-        name = "model-%s%s%s" % (key, "" if batch is None else "-b%d" % batch, SUFFIX[fmt])
-        path = os.path.join(cfg.OUTPUT_DIR, "deploy_cache", name)
-        if not (os.path.exists(path) and os.path.exists(path + ".json")):   # the sidecar is written last
-            try:
-                export_model(cfg, path, fmt, batch=batch or 1, model=model)
-            except OSError as exc:
-                raise UserError("cannot write the %s file of engine %s to %s (%s); set OUTPUT_DIR to a writable "
-                                "folder or pick another engine" % (fmt, fmt, os.path.dirname(path),
-                                                                   exc.strerror or exc)) from None
-        return path
+                                       self.backend, framework_version(), self.engine]))[:16]
+        name = "model-%s%s%s" % (key, "" if batch is None else "-b%d" % batch, SUFFIX[self.engine])
+        return os.path.join(user_cache_dir(cfg), "deploy", name)
+
+    def _export(self, cfg, path, batch, model):
+        """`model` (cfg's, with its weights; the export takes it over) exported to `path`."""
+        from reid.deploy.export import export_model
+        try:
+            export_model(cfg, path, self.engine, batch=batch or 1, model=model)
+        except OSError as exc:
+            raise UserError("cannot write the %s file of engine %s to %s (%s); set CACHE_DIR (or the REID_CACHE "
+                            "environment variable) to a writable folder, or pick another engine" % (
+                                self.engine, self.engine, os.path.dirname(path), exc.strerror or exc)) from None
+
+    def _notice(self, text):
+        if self.notices:
+            print(text, file=sys.stderr, flush=True)
 
     def _flip_cfg(self, cfg):
-        if bool(cfg.TEST.FLIP) == self.flip:
-            return cfg
-        cfg = cfg.clone()
-        cfg.defrost()
-        cfg.TEST.FLIP = self.flip
-        cfg.freeze()
-        return cfg
+        return cfg if bool(cfg.TEST.FLIP) == self.flip else _override(cfg, ["TEST.FLIP", self.flip])
 
     def _from_file(self, path, cfg, engine, flip):
         from reid.deploy.export import ExportedModel, check_against_cfg, format_of
@@ -366,11 +396,32 @@ class FeatureExtractor:
             if bar is not None:
                 bar.update(len(chunk))
 
+    def _prepare(self, count):
+        """The one-time work before the first of `count` images: the export (weights, engine onnx / mindir: on
+        first use of `net`) or the compiled graph's build for this batch size (on a batch of zeros), each
+        announced first (module docstring)."""
+        from reid.evaluation.extract import extract_features
+        net = self.net
+        batch = min(self.batch_size, count)
+        if self.engine == "compiled" and batch > self._graph_batch:
+            from reid.runtime import compile_cache_dir
+            folder = compile_cache_dir(self.cfg)
+            self._notice("engine compiled: building the network's graph for batches of %d (MindSpore graph mode, "
+                         "faster extraction), roughly %d s on a 2-core CPU %s" % (
+                             batch, ROUGH_SECONDS[("compile", "mindspore")],
+                             "the first time; kept in %s for later runs" % folder if folder else
+                             "(MODEL.COMPILE_CACHE off: built again by every run)"))
+            extract_features(net, [{"images": np.zeros((batch, 3) + self.image_size, np.float32)}], False,
+                             compiled=True)
+            self._graph_batch = batch
+        return net
+
     def _run(self, items, on_bad, progress=None):
         from reid.evaluation.distance import normalize
         from reid.evaluation.extract import extract_features
         kept, problems = [], []
         show = self.progress if progress is None else progress
+        net = self._prepare(len(items)) if items else None
         bar = None
         if show:
             from tqdm import tqdm
@@ -384,7 +435,7 @@ class FeatureExtractor:
             def all_batches():
                 yield first
                 yield from batches
-            features = extract_features(self.net, all_batches(), self.flip, compiled=self.engine == "compiled")[0]
+            features = extract_features(net, all_batches(), self.flip, compiled=self.engine == "compiled")[0]
         finally:
             if bar is not None:
                 bar.close()
