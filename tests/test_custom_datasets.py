@@ -203,9 +203,14 @@ def test_csv_rules(tmp_path):
     plain = build_dataset("Plain", cfg=cfg, domain=1)
     assert [r[1:] for r in plain.train] == [("Plain_3", "Plain_0", 1), ("Plain_4", "Plain_1", 1)]
     assert plain.query == [] and plain.gallery == []
-    with pytest.raises(UserError, match=r"Plain has no query images \(no row of .*train_only.csv has split query\), "
-                                        "so it cannot be a test set"):
+    with pytest.raises(UserError, match=r"Plain has no query images \(.*train_only.csv has no split column, so every "
+                                        "row is a training image; add a split column \(train, query or gallery\) to "
+                                        "use it as a target\), so it cannot be a test set"):
         build_test_set("Plain", cfg)
+    (root / "shop" / "no_query.csv").write_text("path,pid,camid,split\nimg/a.jpg,3,0,gallery\n")
+    cfg = load_cfg(DEMO, ["DATASETS.ROOT", str(root)] + custom_opts({"Split": ("CSV", "shop/no_query.csv")}))
+    with pytest.raises(UserError, match=r"Split has no query images \(no row of .*no_query.csv has split query\)"):
+        build_test_set("Split", cfg)
 
 
 def test_folder_with_only_some_splits(tmp_path):
@@ -286,14 +291,19 @@ def test_bad_images_stop_with_their_path_or_are_skipped_and_counted(tmp_path, ca
     touch(cut, data[:len(data) // 2])
     opts = ["DATASETS.NAMES", "['Mine']"] + custom_opts({"Mine": ("CSV", tmp_path / "list.csv"),
                                                           "Target": ("ROOT", tmp_path / "target")})
-    with pytest.raises(UserError, match=r"cannot read image .*img/cut.jpg: truncated JPEG.*DATASETS.ON_BAD_IMAGE skip"):
+    with pytest.raises(UserError, match=r"cannot read image .*img/cut.jpg \(listed in .*list.csv line 3\): truncated "
+                                        "JPEG.*DATASETS.ON_BAD_IMAGE skip"):
         build_train_set(load_cfg(DEMO, opts))
+    (tmp_path / "gone.csv").write_text("path,pid,camid\nimg/0.jpg,1,0\n\nimg/gone.jpg,2,1\n")
+    with pytest.raises(UserError, match=r"cannot read image .*img/gone.jpg \(listed in .*gone.csv line 4\): No such "):
+        build_train_set(load_cfg(DEMO, ["DATASETS.NAMES", "['Gone']"] + custom_opts({"Gone": ("CSV", tmp_path /
+                                                                                             "gone.csv")})))
     with pytest.raises(UserError, match=r"cannot read image .*0002_c2s1_000001_00.jpg: truncated JPEG"):
         build_test_set("Target", load_cfg(DEMO, opts))
     skip = load_cfg(DEMO, opts + ["DATASETS.ON_BAD_IMAGE", "skip"])
     with caplog.at_level(logging.WARNING):
         train_set = build_train_set(skip)
     assert train_set.num_bad == 2 and len(train_set) == 3 and train_set.num_classes == [3]
-    assert "gone.jpg" in caplog.text and "cut.jpg" in caplog.text
+    assert "gone.jpg (listed in %s line 5)" % (tmp_path / "list.csv") in caplog.text and "cut.jpg" in caplog.text
     query, gallery = build_test_set("Target", skip)
     assert len(query) == 1 and [os.path.basename(r[0]) for r in gallery] == ["0001_c2s1_000001_00.jpg"]

@@ -42,9 +42,9 @@ def _check_on_bad(on_bad):
         raise UserError("DATASETS.ON_BAD_IMAGE must be one of %s, got %r" % ("/".join(ON_BAD_CHOICES), on_bad))
 
 
-def _bad_image_error(path, reason):
-    return UserError("cannot read image %s: %s; fix or remove it, or set DATASETS.ON_BAD_IMAGE skip"
-                     % (path, reason))
+def _bad_image_error(path, reason, listed=""):
+    return UserError("cannot read image %s%s: %s; fix or remove it, or set DATASETS.ON_BAD_IMAGE skip"
+                     % (path, " (listed in %s)" % listed if listed else "", reason))
 
 
 def _header_problem(path):
@@ -115,13 +115,14 @@ def read_image(path, on_bad="stop"):
     return None
 
 
-def verify_images(records, on_bad="stop", full_decode=False, progress=False):
+def verify_images(records, on_bad="stop", full_decode=False, progress=False, listed_in=None):
     """Check every record's image before training/testing starts, so a bad file never reaches a loader worker.
 
     ``full_decode=False`` checks existence, size, format header and the end marker (fast: two small reads per
     file); ``True`` decodes every image. Returns ``(kept_records, num_bad)``. With ``on_bad="stop"`` the first
     bad image raises ``UserError`` naming it; with ``"skip"`` bad records are dropped, each is logged, and
-    their count is returned.
+    their count is returned. ``listed_in(path)``: where the image is listed ("labels.csv line 12", or ""),
+    named with it.
     """
     _check_on_bad(on_bad)
     records = list(records)
@@ -138,9 +139,10 @@ def verify_images(records, on_bad="stop", full_decode=False, progress=False):
         if reason is None:
             kept.append(rec)
             continue
+        listed = listed_in(path) if listed_in is not None else ""
         if on_bad == "stop":
-            raise _bad_image_error(path, reason)
-        logger.warning("skipping unreadable image %s: %s", path, reason)
+            raise _bad_image_error(path, reason, listed)
+        logger.warning("skipping unreadable image %s%s: %s", path, " (listed in %s)" % listed if listed else "", reason)
         num_bad += 1
     if num_bad:
         logger.warning("%d of %d images were unreadable and skipped", num_bad, len(records))

@@ -71,7 +71,7 @@ def build_train_set(cfg, root=None, names=None, verify=True):
             raise empty_split_error(ds, "train", "source dataset %s has no training images{where}; check its folder "
                                     "or remove it from DATASETS.NAMES" % n)
         if verify:  # before relabelling, so an identity whose images are all bad gets no class
-            train, bad = verify_images(train, cfg.DATASETS.ON_BAD_IMAGE)
+            train, bad = verify_images(train, cfg.DATASETS.ON_BAD_IMAGE, listed_in=ds.listed_in)
             num_bad += bad
         sources.append(train)
     train_set = MultiDomainTrainSet(sources, names)
@@ -89,8 +89,8 @@ def build_test_set(name, cfg=None, root=None, verify=True):
                                     "from DATASETS.TESTS" % (name, split))
     if verify:
         on_bad = cfg.DATASETS.ON_BAD_IMAGE if cfg is not None else "stop"
-        query, _ = verify_images(query, on_bad)
-        gallery, _ = verify_images(gallery, on_bad)
+        query, _ = verify_images(query, on_bad, listed_in=ds.listed_in)
+        gallery, _ = verify_images(gallery, on_bad, listed_in=ds.listed_in)
     return query, gallery
 
 

@@ -121,6 +121,11 @@ class ReidDataset(object):
         "" where the layout (in the missing-folder error) says it."""
         return ""
 
+    def listed_in(self, path):
+        """Where image `path` is listed, for an error about it ("labels.csv line 12"); "" when it was found in a
+        folder."""
+        return ""
+
     def require(self, paths, root=None):
         """Raise the missing-layout error for the first path that does not exist."""
         for p in paths:

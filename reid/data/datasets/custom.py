@@ -128,7 +128,9 @@ class CustomCsv(ReidDataset):
         if not os.path.isfile(self.root):
             raise missing_layout_error(self.name, os.path.dirname(self.root), self.layout, self.root,
                                        _entry_hint(self.name, "CSV"))
-        for _, image, pid, camid, split in read_csv_list(self.root):
+        self._lines = {}
+        for lineno, image, pid, camid, split in read_csv_list(self.root):
+            self._lines[image] = lineno
             if pid == JUNK_PID:
                 continue
             if split == "train":
@@ -137,7 +139,23 @@ class CustomCsv(ReidDataset):
                 (self._query if split == "query" else self._gallery).append((image, pid, camid, self.domain))
 
     def where(self, split):
+        if split != "train" and "split" not in csv_columns(self.root):
+            return "%s has no split column, so every row is a training image; add a split column (train, query or " \
+                "gallery) to use it as a target" % self.root
         return "no row of %s has split %s" % (self.root, split)
+
+    def listed_in(self, path):
+        line = getattr(self, "_lines", {}).get(path)
+        return "%s line %d" % (self.root, line) if line else ""
+
+
+def csv_columns(path):
+    """The column names of a CSV list's header line (lower case), [] for an empty file."""
+    with open(path, newline="", encoding="utf-8-sig") as fh:
+        for fields in csv.reader(fh):
+            if any(f.strip() for f in fields):
+                return [f.strip().lower() for f in fields]
+    return []
 
 
 def custom_entries(cfg):
