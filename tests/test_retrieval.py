@@ -151,7 +151,12 @@ def test_extractor_gives_test_py_features(world, reference, engine, capfd):
         assert os.stat(path).st_mtime_ns == written     # reused, not exported again
         assert capfd.readouterr().err == ""              # and nothing announced
         extractor = FeatureExtractor(model=path, batch_size=5)
-        assert extractor.flip is True and extractor.identity["kind"] == "exported"   # TEST.FLIP, from the sidecar
+        assert extractor.flip is True                                  # TEST.FLIP, from the sidecar
+        # the file's identity is that of the weights it was exported from (the sidecar records them): the same
+        # model on every engine (tools/search.py compares identities)
+        from reid.deploy.gallery import same_model
+        assert extractor.identity["kind"] == "weights" and same_model(extractor.describe(), from_weights.describe())
+        assert extractor.identity["weights_sha256"] == from_weights.identity["weights_sha256"]
         tolerance = 1e-4
     else:
         if engine == "compiled" and not mindspore:

@@ -202,7 +202,11 @@ def test_round_trip_rank1_equals_test_py(world, acl_index, capsys):
     assert lines[0] == "query,rank,path,score" and len(lines) == 1 + sum(len(r["matches"]) for r in results)
     import cv2
     pngs = sorted(os.listdir(str(world["root"] / "vis")))
-    assert len(pngs) == 2 and cv2.imread(str(world["root"] / "vis" / pngs[0])).shape[1] > 64 * 10
+    assert [p[:11] for p in pngs] == ["rank_00000_", "rank_00001_"]      # the first two queries
+    assert cv2.imread(str(world["root"] / "vis" / pngs[0])).shape[1] > 64 * 10
+    assert "2 rank lists written to %s: queries 0-1 (the first 2; --vis-queries picks others)" % (
+        world["root"] / "vis") in printed
+    assert "21 queries searched in 69 gallery images (exact, filter protocol)" in printed
 
 
 def test_incremental_index_equals_a_fresh_one(world, acl_index, tmp_path):
@@ -337,6 +341,99 @@ def test_labels_come_from_market_names_or_a_csv(tmp_path):
         read_labels(str(tmp_path / "none.csv"), str(tmp_path / "g"))
 
 
+def test_search_arguments_are_checked_before_any_model_work(world, acl_index, tmp_path, monkeypatch):
+    """Each bad argument is a one-line error before the model is built or a query extracted."""
+    search = tool("search")
+    monkeypatch.setattr(search, "build_extractor", lambda *a, **k: pytest.fail("the model was built"))
+    base = ["--index", acl_index, "--query", world["query"], "--output", str(tmp_path / "r.json")]
+    cases = [(["--topk", "0"], "--topk must be at least 1, got 0"), (["--topk", "-1"], "--topk must be at least 1"),
+             (["--nprobe", "0"], "--nprobe must be at least 1"), (["--nlist", "0"], "--nlist must be at least 1"),
+             (["--batch", "0"], "--batch must be at least 1, got 0"), (["--vis-count", "0"], "--vis-count must be"),
+             (["--vis-queries", "1"], "--vis-queries picks the queries --vis draws; add --vis DIR"),
+             (["--vis", "v", "--vis-queries", "1", "--vis-count", "2"], "give --vis-count .* or --vis-queries"),
+             (["--vis", "v", "--vis-queries", "1,3-"], "'3-' is neither a query number, a range a-b nor a file"),
+             (["--vis", "v", "--vis-queries", "21"], "--vis-queries 21: there are 21 queries \\(0-20\\)"),
+             (["--vis", "v", "--vis-queries", "nobody.jpg"], "no query is named nobody.jpg"),
+             (["--output", str(tmp_path / "res.txt")], "res.txt: name the results FILE.json or FILE.csv")]
+    for extra, expected in cases:
+        args = base + extra if "--output" not in extra else base[:-2] + extra
+        with pytest.raises(UserError, match=expected):
+            search.main(args)
+
+
+def test_search_output_names_plurals_and_the_queries_drawn(world, acl_index, tmp_path, capsys):
+    """--output FILE.csv writes FILE.csv and FILE.json; a non-ASCII path stays as it is in both (UTF-8); one
+    query is "1 query"; a long name keeps its start and end in the table; --vis-queries picks by number and
+    by name, and the line says which were drawn."""
+    search = tool("search").main
+    names = sorted(os.listdir(world["query"]))
+    queries = tmp_path / "q"
+    queries.mkdir()
+    long_name = "camera_07_" + "x" * 40 + "_" + names[0]
+    shutil.copy(os.path.join(world["query"], names[0]), str(queries / long_name))
+    shutil.copy(os.path.join(world["query"], names[1]), str(queries / "müller.jpg"))
+    search(["--index", acl_index, "--query", str(queries / long_name), "--output", str(tmp_path / "one.csv"),
+            "--engine", "eager", "--no-progress"])
+    printed = capsys.readouterr().out
+    assert "1 query searched in 69 gallery images" in printed
+    assert "\n  %s...%s " % (long_name[:15], long_name[-14:]) in printed       # 32 characters: start ... end
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == ["one.csv", "one.json"]
+    assert "wrote %s and %s" % (tmp_path / "one.json", tmp_path / "one.csv") in printed
+    search(["--index", acl_index, "--query", str(queries), "--output", str(tmp_path / "two.json"), "--engine",
+            "eager", "--no-progress", "--vis", str(tmp_path / "v"), "--vis-queries", "müller.jpg"])
+    printed = capsys.readouterr().out
+    raw = (tmp_path / "two.json").read_bytes().decode("utf-8")
+    assert "müller.jpg" in raw and "\\u00fc" not in raw
+    assert "müller.jpg" in (tmp_path / "two.csv").read_text(encoding="utf-8")
+    order = [os.path.basename(r["query"]) for r in json.loads(raw)]
+    drawn = order.index("müller.jpg")
+    assert "1 rank list written to %s: queries %d (--vis-queries)" % (tmp_path / "v", drawn) in printed
+    assert os.listdir(str(tmp_path / "v")) == ["rank_%05d_müller.png" % drawn]
+    search(["--index", acl_index, "--query", world["query"], "--output", str(tmp_path / "three.json"), "--engine",
+            "eager", "--no-progress", "--vis", str(tmp_path / "w"), "--vis-queries", "4-6,2,5"])
+    assert "4 rank lists written to %s: queries 2, 4-6 (--vis-queries)" % (tmp_path / "w") in capsys.readouterr().out
+    assert sorted(p[:10] for p in os.listdir(str(tmp_path / "w"))) == ["rank_00002", "rank_00004", "rank_00005",
+                                                                       "rank_00006"]
+
+
+def test_an_export_of_the_index_weights_searches_and_updates_it(world, acl_index, tmp_path, capsys):
+    """The model's identity is its weights + config, not the engine: an ONNX file exported from the index's
+    weights searches the index (scores within 1e-4 of eager's, rank by rank) and updates it without extracting
+    anything; a file whose sidecar does not record its weights (exported before it did) is refused, the message
+    naming both models with their feature sizes."""
+    pytest.importorskip("onnxruntime")
+    from reid.config import load_cfg
+    from reid.deploy import export_model
+    search = tool("search").main
+    onnx = str(tmp_path / "acl.onnx")
+    export_model(load_cfg(DEMO, opts_for(world, "acl")), onnx, "onnx", batch=1, check=False)
+    lists = {}
+    for name, model in (("eager", ["--engine", "eager"]), ("onnx", ["--model", onnx])):
+        search(["--index", acl_index, "--query", world["query"], "--topk", "10", "--output",
+                str(tmp_path / (name + ".json")), "--no-progress"] + model)
+        lists[name] = json.load(open(str(tmp_path / (name + ".json"))))
+    assert "engine onnx" in capsys.readouterr().out
+    for eager, exported in zip(lists["eager"], lists["onnx"]):
+        a, b = ([m["score"] for m in row["matches"]] for row in (eager, exported))
+        assert np.abs(np.array(a) - np.array(b)).max() <= 1e-4
+        for r, (ma, mb) in enumerate(zip(eager["matches"], exported["matches"])):   # the same images, but at ties
+            near = [abs(a[r] - a[o]) <= 2e-4 for o in (r - 1, r + 1) if 0 <= o < len(a)]
+            assert ma["path"] == mb["path"] or any(near), (eager["query"], r)
+    updated = str(tmp_path / "updated.npz")
+    shutil.copy(acl_index, updated)
+    tool("index").main(["--gallery", world["gallery"], "--output", updated, "--model", onnx, "--no-progress"])
+    assert "0 extracted, 69 unchanged, 0 removed" in capsys.readouterr().out
+    side = json.load(open(onnx + ".json"))
+    del side["identity"]
+    old = str(tmp_path / "old.onnx")
+    shutil.copy(onnx, old)
+    json.dump(side, open(old + ".json", "w"))
+    with pytest.raises(UserError) as err:
+        search(["--index", acl_index, "--query", world["query"], "--output", str(tmp_path / "r.json"), "--model",
+                old, "--no-progress"])
+    assert "model %s (sha256" % old in str(err.value) and str(err.value).count("feature size 256)") == 2
+
+
 def test_damaged_index_files_are_refused(acl_index, tmp_path):
     """Truncated, byte-flipped (zip CRC), a member replaced by a pickled object array, inconsistent meta, an
     escaping path: each a one-line error that names the file and the fix; nothing is executed."""
@@ -368,13 +465,25 @@ def test_damaged_index_files_are_refused(acl_index, tmp_path):
     cases["count"] = rewritten(meta=np.array(json.dumps(meta)))
     cases["escape"] = rewritten(paths=np.array(json.dumps(["../x.jpg"] + index.paths[1:])))
     cases["nan"] = rewritten(features=np.full(index.features.shape, np.nan, np.float32))
-    for name, content in cases.items():
+    import pickle
+    foreign = {"random bytes": np.random.RandomState(0).bytes(4096), "pickle": pickle.dumps({"features": [1.0]}),
+               "text": b"query,rank,path,score\n"}
+    buf = io.BytesIO()
+    np.save(buf, index.features)
+    foreign["npy"] = buf.getvalue()
+    buf = io.BytesIO()
+    np.savez(buf, weights=np.zeros(3))
+    foreign["another npz"] = buf.getvalue()
+    for name, content in list(cases.items()) + list(foreign.items()):
         path = tmp_path / (name + ".npz")
         path.write_bytes(content)
         with pytest.raises(UserError) as err:
             load_index(str(path))
         message = str(err.value)
-        assert "\n" not in message and str(path) in message and "build it again with tools/index.py" in message, name
+        assert "\n" not in message and message.startswith("%s is not an acl-reid gallery index or is damaged (" % path)
+        assert message.endswith("); build it again with tools/index.py (--rebuild)"), name
+        if name in ("random bytes", "pickle", "text", "npy", "empty"):     # not numpy's "pickled data" message
+            assert "(not an .npz file, a zip of numpy arrays)" in message, name
     with pytest.raises(UserError, match="does not exist; write it with tools/index.py"):
         load_index(str(tmp_path / "none.npz"))
 
@@ -389,6 +498,7 @@ def test_search_refuses_another_model_and_finds_moved_images(world, acl_index, t
         search(["--index", acl_index, "--query", query, "--output", out, "--config-file", DEMO, "--no-progress"]
                + opts_for(world, "baseline"))
     assert "\n" not in str(err.value) and world["acl"] in str(err.value) and world["baseline"] in str(err.value)
+    assert str(err.value).count("feature size 256)") == 2      # the given model's too, before it ran
     with pytest.raises(UserError, match="config hash"):
         search(["--index", acl_index, "--query", query, "--output", out, "--config-file", DEMO, "--no-progress"]
                + opts_for(world, "acl", ["TEST.FLIP", "False"]))

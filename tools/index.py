@@ -19,7 +19,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from reid.deploy.commands import add_model_args, build_extractor, parse  # noqa: E402
+from reid.deploy.commands import add_model_args, build_extractor, parse, plural  # noqa: E402
 
 
 def build_parser():
@@ -53,17 +53,18 @@ def main(argv=None):
                                 index_path=args.output, scan=scan)
     save_index(index, args.output)
     known = int((index.pids != UNKNOWN).sum())
-    print("wrote %s: %d images, feature size %d (%s), engine %s; %d extracted, %d unchanged, %d removed; ids known "
-          "for %d" % (args.output, report["images"], index.features.shape[1], index.features.dtype,
+    print("wrote %s: %s, feature size %d (%s), engine %s; %d extracted, %d unchanged, %d removed; ids known "
+          "for %d" % (args.output, plural(report["images"], "image"), index.features.shape[1], index.features.dtype,
                       extractor.engine, report["extracted"], report["reused"], report["removed"], known))
     if report["non_images"]:
-        print("skipped %d file(s) that are not images, e.g. %s" % (len(report["non_images"]), report["non_images"][0]))
+        n = len(report["non_images"])
+        print("skipped %s that %s, e.g. %s" % (plural(n, "file"), "is not an image" if n == 1 else "are not images",
+                                             report["non_images"][0]))
     if report["skipped"]:
-        print("skipped %d image(s) that cannot be read, e.g. %s: %s (all listed in the index's meta)"
-              % (len(report["skipped"]), report["skipped"][0][0], report["skipped"][0][1]))
+        n = len(report["skipped"])
+        print("skipped %s that cannot be read, e.g. %s: %s (all listed in the index's meta)"
+              % (plural(n, "image"), report["skipped"][0][0], report["skipped"][0][1]))
 
 
 if __name__ == "__main__":
-    import faulthandler
-    faulthandler.enable()   # a crash in the framework's native code still prints the Python stack
     main()

@@ -7,8 +7,10 @@ and rank-list pictures.
 
 The model is the one the index was made with (the index records it), or the one given (--config-file ...
 MODEL.WEIGHTS ..., --model FILE), which must be the same: features of another model or config are refused.
-results.json: [{"query": path, "matches": [{"path": ..., "score": ...}, ...]}, ...] (with pid / camid where
-known; "distance" instead of "score" after --rerank); results.csv beside it: query,rank,path,score.
+--output names the results: FILE.json or FILE.csv (another suffix is an error); both are written, FILE.json
+[{"query": path, "matches": [{"path": ..., "score": ...}, ...]}, ...] (with pid / camid where known; "distance"
+instead of "score" after --rerank; UTF-8, paths as they are) and FILE.csv query,rank,path,score.
+--vis draws the rank lists of the first --vis-count queries (10), or of those --vis-queries names.
 --filter camera leaves out gallery images from the query's camera; --filter protocol is test.py's evaluation
 protocol (same person in the same camera and junk images left out) and prints Rank-1 when the queries' ids
 are known. Ids come from Market-1501-style names or --query-labels. Details: docs/retrieval.md.
@@ -20,7 +22,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from reid.deploy.commands import add_model_args, build_extractor, gives_model, parse  # noqa: E402
+from reid.deploy.commands import add_model_args, at_least, build_extractor, gives_model, parse, plural  # noqa: E402
+from reid.deploy.results import fit, output_paths, resolve_vis, runs, vis_choice  # noqa: E402
 from reid.deploy.search import FILTERS, METHODS  # noqa: E402
 
 TABLE_ROWS = 10
@@ -31,7 +34,8 @@ def build_parser():
     p.add_argument("--index", required=True, metavar="FILE", help="a gallery index written by tools/index.py")
     p.add_argument("--query", required=True, nargs="+", metavar="IMAGE|DIR", help="query images or folders")
     p.add_argument("--topk", type=int, default=10, metavar="K", help="matches per query (default 10)")
-    p.add_argument("--output", required=True, metavar="FILE.json", help="ranked lists (and FILE.csv beside it)")
+    p.add_argument("--output", required=True, metavar="FILE.json",
+                   help="ranked lists: FILE.json and FILE.csv, both written (give either name)")
     p.add_argument("--filter", choices=FILTERS, default="none",
                    help="none (default); camera: leave out the query's camera; protocol: test.py's protocol")
     p.add_argument("--rerank", action="store_true", help="k-reciprocal re-ranking (TEST.RERANK.K1/K2/LAMBDA)")
@@ -46,7 +50,11 @@ def build_parser():
                    help="where the gallery images are now, if the folder moved since indexing (paths in the index "
                         "are relative to it)")
     p.add_argument("--vis", default=None, metavar="DIR", help="write rank-list PNGs here")
-    p.add_argument("--vis-count", type=int, default=10, metavar="N", help="queries drawn with --vis (default 10)")
+    p.add_argument("--vis-count", type=int, default=None, metavar="N",
+                   help="--vis draws the first N queries (default 10)")
+    p.add_argument("--vis-queries", default=None, metavar="LIST",
+                   help="--vis draws these queries instead, comma-separated: numbers from 0 in the order the "
+                        "queries are searched (FILE.json's; ranges a-b), or file names")
     p.add_argument("--strict", action="store_true", help="a query file that cannot be read is an error, not a skip")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_model_args(p, "default: the model the index records")
@@ -76,25 +84,33 @@ def query_files(items, strict):
     return files, others
 
 
-def write_results(path, results, kind):
+def check_args(args):
+    """Every check of the arguments that needs no model, before the model is built and queries extracted."""
+    at_least("--topk", args.topk, 1)
+    at_least("--nprobe", args.nprobe, 1)
+    at_least("--nlist", args.nlist, 1)
+    at_least("--vis-count", args.vis_count, 1)
+    return output_paths(args.output), vis_choice(args)
+
+
+def write_results(paths, results, kind):
     from reid.engine.launch import write_json
+    path, csv_path = paths
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     write_json(path, results, sort_keys=False)
-    csv_path = os.path.splitext(path)[0] + ".csv"
-    with open(csv_path + ".tmp", "w", newline="") as fh:
+    with open(csv_path + ".tmp", "w", newline="", encoding="utf-8") as fh:
         out = csv.writer(fh)
         out.writerow(["query", "rank", "path", kind])
         for row in results:
             for rank, match in enumerate(row["matches"], 1):
                 out.writerow([row["query"], rank, match["path"], "%.6f" % match[kind]])
     os.replace(csv_path + ".tmp", csv_path)
-    return csv_path
 
 
 def main(argv=None):
     args = parse(build_parser(), argv)
-    import numpy as np
+    outputs, vis = check_args(args)
     from compat.errors import UserError
     from reid.config import load_cfg
     from reid.deploy.gallery import UNKNOWN, check_same_model, labels_for, load_index, read_labels
@@ -105,6 +121,7 @@ def main(argv=None):
     index = load_index(args.index)
     source = index.model.get("source") or {}
     files, others = query_files(args.query, args.strict)
+    vis_files = resolve_vis(vis, files) if args.vis else []
     query_labels = read_labels(args.query_labels) if args.query_labels else None   # keyed by absolute path
     extractor = build_extractor(args, progress=not args.no_progress, source=source)
     fix = ("search with the model the index was made with (leave out the model arguments), or index the gallery "
@@ -115,6 +132,7 @@ def main(argv=None):
         raise UserError("none of the %d query images could be read (first: %s: %s)" % (len(files), *problems[0]))
     check_same_model(args.index, index.model, extractor.describe(), fix)
     files = [files[i] for i in kept]
+    vis_rows = [kept.index(i) for i in vis_files if i in kept]     # unreadable queries are not searched
     q_pids, q_camids = labels_for([os.path.abspath(f) if query_labels is not None else rel for f, rel in files],
                                   query_labels)
 
@@ -149,30 +167,29 @@ def main(argv=None):
             match.update({k: val for k, val in (("pid", pid), ("camid", camid)) if val is not None})
             entry["matches"].append(match)
         results.append(entry)
-    csv_path = write_results(args.output, results, kind)
+    write_results(outputs, results, kind)
 
-    print("%d queries searched in %d gallery images (%s, filter %s%s%s), engine %s" % (
-        len(results), len(index), args.method, args.filter, ", re-ranked" if options["rerank"] else "",
-        ", query expansion" if options["aqe"] else "", extractor.engine))
+    print("%s searched in %s (%s, filter %s%s%s), engine %s" % (
+        plural(len(results), "query", "queries"), plural(len(index), "gallery image"), args.method, args.filter,
+        ", re-ranked" if options["rerank"] else "", ", query expansion" if options["aqe"] else "", extractor.engine))
     for entry in results[:TABLE_ROWS]:
-        best = "  ".join("%s %.3f" % (os.path.basename(m["path"]), m[kind]) for m in entry["matches"][:3])
-        print("  %-32s %s" % (os.path.basename(entry["query"])[:32], best or "(no match left)"))
+        best = "  ".join("%s %.3f" % (fit(os.path.basename(m["path"]), 32, pad=False), m[kind])
+                         for m in entry["matches"][:3])
+        print("  %s %s" % (fit(os.path.basename(entry["query"]), 32), best or "(no match left)"))
     if len(results) > TABLE_ROWS:
-        print("  ... %d more in %s" % (len(results) - TABLE_ROWS, args.output))
+        print("  ... %d more in %s" % (len(results) - TABLE_ROWS, outputs[0]))
     if problems or others:
         first = "%s: %s" % problems[0] if problems else "%s: not an image" % others[0]
-        print("skipped %d query file(s), e.g. %s" % (len(problems) + len(others), first))
+        print("skipped %s, e.g. %s" % (plural(len(problems) + len(others), "query file"), first))
     if args.filter == "protocol":
         rank1, counted = rank1_from_lists(ranked["indices"], q_pids, index.pids, q_camids, index.camids)
         if counted:
             print("Rank-1 from the file names: %.1f%% over %d queries with a match in another camera"
                   % (rank1, counted))
-    print("wrote %s and %s" % (args.output, csv_path))
+    print("wrote %s and %s" % outputs)
     if args.vis:
         os.makedirs(args.vis, exist_ok=True)
-        count = min(max(args.vis_count, 0), len(results))
-        chosen = np.unique(np.linspace(0, len(results) - 1, count).round().astype(int)) if count else []
-        for q in chosen:
+        for q in vis_rows:
             entry = results[q]
             missing = [m["path"] for m in entry["matches"] if not os.path.exists(m["path"])]
             if missing:
@@ -182,10 +199,10 @@ def main(argv=None):
             name = "rank_%05d_%s.png" % (q, os.path.splitext(os.path.basename(entry["query"]))[0])
             write_rank_list(os.path.join(args.vis, name), (entry["query"], entry.get("pid"), entry.get("camid")),
                             records, [m[kind] for m in entry["matches"]])
-        print("%d rank lists written to %s" % (len(chosen), args.vis))
+        how = "the first %d; --vis-queries picks others" % vis[1] if vis[0] == "first" else "--vis-queries"
+        print("%s written to %s: queries %s (%s)" % (plural(len(vis_rows), "rank list"), args.vis,
+                                                     runs(vis_rows) or "none", how))
 
 
 if __name__ == "__main__":
-    import faulthandler
-    faulthandler.enable()   # a crash in the framework's native code still prints the Python stack
     main()

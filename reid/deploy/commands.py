@@ -1,5 +1,6 @@
 """Command-line pieces shared by tools/index.py and tools/search.py: the model arguments and the feature
 extractor they describe."""
+import faulthandler
 import os
 
 from compat.errors import UserError
@@ -21,11 +22,28 @@ def add_model_args(parser, what):
 
 
 def parse(parser, argv):
-    """Parse, then select the backend before anything imports compat."""
+    """Parse, check the numbers (before any model work), then select the backend before anything imports
+    compat. A crash in the framework's native code will print the Python stack (where stderr is a file)."""
+    try:
+        faulthandler.enable()
+    except (OSError, ValueError, AttributeError):     # stderr replaced by an object without a file (pytest)
+        pass
     args = parser.parse_intermixed_args(argv)
+    at_least("--batch", args.batch, 1)
     if args.backend:
         os.environ["REID_BACKEND"] = args.backend
     return args
+
+
+def at_least(flag, value, least):
+    """A one-line error unless the value of `flag` is at least `least` (None: not given, fine)."""
+    if value is not None and value < least:
+        raise UserError("%s must be at least %d, got %d" % (flag, least, value))
+
+
+def plural(count, one, many=None):
+    """'1 query', '2 queries'."""
+    return "%d %s" % (count, one if count == 1 else many or one + "s")
 
 
 def gives_model(args):

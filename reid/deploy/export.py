@@ -131,6 +131,9 @@ def export_model(cfg, output, fmt=None, batch=1, check=True, model=None):
         "exported_by": {"backend": compat.BACKEND, "framework": str(compat.info()["framework"]),
                         "framework_version": backend_export.framework_version()},
     }
+    if cfg.MODEL.WEIGHTS and os.path.isfile(cfg.MODEL.WEIGHTS):
+        from reid.deploy.extractor import exported_identity
+        sidecar["identity"] = exported_identity(cfg)     # the same model as its weights, whatever the engine
     if check:
         got = runner.run(images)
         sidecar["check"] = {"images": batch, "max_abs_diff_vs_eager": float(np.abs(got - eager).max()),

@@ -105,6 +105,16 @@ def feature_config(cfg):
     return "%sINPUT.SIZE_TEST: %s\nTEST.FLIP: %s\n" % (model.dump(), list(cfg.INPUT.SIZE_TEST), bool(cfg.TEST.FLIP))
 
 
+def exported_identity(cfg):
+    """What an export's sidecar records of the model it holds, so that its features count as the weights' own
+    on every engine: the weights' hash and the feature config's hash with and without TEST.FLIP (which the
+    extractor may switch)."""
+    weights = cfg.MODEL.WEIGHTS
+    return {"weights_sha256": file_sha256(weights),
+            "config_sha256": {name: _text_sha256(feature_config(_override(cfg, ["TEST.FLIP", flip])))
+                              for name, flip in (("flip", True), ("no flip", False))}}
+
+
 def _sidecar_config(sidecar, flip):
     keys = {k: sidecar[k] for k in ("model", "input", "normalisation") if k in sidecar}
     keys["model"] = {k: v for k, v in keys.get("model", {}).items() if k != "weights"}
@@ -218,9 +228,11 @@ class FeatureExtractor:
         configure_runtime(self.cfg)
         self.transform = build_transforms(self.cfg, is_train=False)
         self.image_size = tuple(int(v) for v in self.cfg.INPUT.SIZE_TEST)
-        self.feature_size = None   # known after the first extraction (or from the sidecar)
         if self.sidecar is not None:
             self.feature_size = int(self.sidecar["model"]["feature_size"])
+        else:                      # the config's, known before the network is built (and checked by extraction)
+            from reid.modeling.build import feature_size
+            self.feature_size = feature_size(self.cfg)
 
     # ------------------------------------------------------------------------------------------- building
     def _from_weights(self, cfg, engine, flip):
@@ -318,8 +330,14 @@ class FeatureExtractor:
             self.cfg = _image_size_cfg(self.sidecar["input"]["shape"][2:])
             recorded = self.sidecar.get("test_flip", False)
         self.flip = bool(recorded) if flip is None else bool(flip)
-        self.identity = {"kind": "exported", "model": self.model_path, "model_sha256": file_sha256(path),
-                         "config_sha256": _text_sha256(_sidecar_config(self.sidecar, self.flip))}
+        exported_from = self.sidecar.get("identity")
+        if exported_from:   # the weights it was exported from: the same model as those weights on any engine
+            self.identity = {"kind": "weights", "weights": self.sidecar["model"].get("weights"),
+                             "weights_sha256": exported_from["weights_sha256"],
+                             "config_sha256": exported_from["config_sha256"]["flip" if self.flip else "no flip"]}
+        else:               # exported before the sidecar recorded them: the file itself
+            self.identity = {"kind": "exported", "model": self.model_path, "model_sha256": file_sha256(path),
+                             "config_sha256": _text_sha256(_sidecar_config(self.sidecar, self.flip))}
 
     def describe(self):
         """What made the features, for an index file: identity (hashes), engine, feature size, sidecar."""

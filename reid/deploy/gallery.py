@@ -248,8 +248,8 @@ def save_index(index, path):
 
 
 def _damaged(path, why):
-    return UserError("%s is not a readable gallery index (%s); build it again with tools/index.py (--rebuild)"
-                     % (path, why))
+    return UserError("%s is not an acl-reid gallery index or is damaged (%s); build it again with tools/index.py "
+                     "(--rebuild)" % (path, why))
 
 
 def load_index(path):
@@ -257,6 +257,9 @@ def load_index(path):
     if not os.path.isfile(path):
         raise UserError("index file %s does not exist; write it with tools/index.py --gallery DIR --output %s"
                         % (path, path))
+    with open(path, "rb") as fh:
+        if fh.read(4) != b"PK\x03\x04":        # what np.load would read as an .npy array or as a pickle
+            raise _damaged(path, "not an .npz file, a zip of numpy arrays")
     try:
         with np.load(path, allow_pickle=False) as npz:
             missing = [k for k in ARRAYS if k not in npz.files]

@@ -133,9 +133,10 @@ def reference_rows(cfg, reference, evaluated=None, label=None):
 
 
 def write_json(path, data, sort_keys=True):
-    """Atomic write of a JSON file (a crash leaves the old file or the new one, never half of one)."""
-    with open(path + ".tmp", "w") as fh:
-        json.dump(data, fh, indent=2, sort_keys=sort_keys)
+    """Atomic write of a JSON file (a crash leaves the old file or the new one, never half of one); UTF-8, with
+    non-ASCII characters (paths) as they are, not escaped."""
+    with open(path + ".tmp", "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=2, sort_keys=sort_keys, ensure_ascii=False)
     os.replace(path + ".tmp", path)
 
 
@@ -143,7 +144,7 @@ def add_to_results_json(path, extra):
     """Add keys to a results.json written by the evaluation (read, update, atomic rewrite)."""
     data = {}
     if os.path.exists(path):
-        with open(path) as fh:
+        with open(path, encoding="utf-8") as fh:
             data = json.load(fh)
     data.update(extra)
     write_json(path, data)

@@ -1,6 +1,6 @@
 """Builders from config: `build_model(cfg)`; registries of backbones, heads and meta-architectures."""
 from reid.modeling.backbones.acl_resnet import ACLResNet
-from reid.modeling.backbones.resnet import ResNet, stage_blocks
+from reid.modeling.backbones.resnet import ResNet, stage_blocks, stage_channels
 from reid.modeling.heads import MetaEmbeddingHead
 from reid.modeling.meta_arch import ReIDModel
 from reid.modeling.registry import BACKBONE_REGISTRY, HEAD_REGISTRY, META_ARCH_REGISTRY
@@ -85,6 +85,12 @@ def build_baseline(cfg):
         raise UserError("META_ARCHITECTURE Baseline needs MODEL.BACKBONE.NAME resnet50 or resnet50_ibn_a (got %r)"
                         % cfg.MODEL.BACKBONE.NAME)
     return _assemble(cfg, build_backbone(cfg), with_centers=False)
+
+
+def feature_size(cfg):
+    """The size of the eval feature cfg's network gives (its backbone's last stage; both backbones), known
+    without building it."""
+    return stage_channels(int(cfg.MODEL.BACKBONE.BASE_WIDTH), 3)
 
 
 def build_model(cfg):

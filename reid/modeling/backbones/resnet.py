@@ -89,6 +89,12 @@ def check_stride(last_stride):
         raise UserError("MODEL.BACKBONE.LAST_STRIDE must be 1 or 2, got %r" % (last_stride,))
 
 
+def stage_channels(base_width, stage):
+    """Output channels of stage 0..3: its bottlenecks' width (base_width x 2^stage) times their expansion; the
+    last stage's is the network's feature size."""
+    return base_width * 2 ** stage * Bottleneck.expansion
+
+
 def add_stem_and_stages(module, base_width, last_stride, with_ibn, blocks, after_stage=None, zero_init_residual=False):
     """Register the stem (`conv1`, `bn1`) and the bottleneck stages `layer1..4` on `module` (IBN-a in stages
     1-3 when with_ibn); `after_stage(i, channels)` runs after stage i is registered (ACL registers its CODE
@@ -98,10 +104,10 @@ def add_stem_and_stages(module, base_width, last_stride, with_ibn, blocks, after
     module.bn1 = MetaBatchNorm(base_width)
     inplanes = base_width
     for i, (n, stride) in enumerate(zip(blocks, (1, 2, 2, last_stride))):
-        planes = base_width * 2 ** i
         norm = "IBN" if with_ibn and i < 3 else "BN"
-        setattr(module, "layer%d" % (i + 1), make_stage(inplanes, planes, n, stride, norm, zero_init_residual))
-        inplanes = planes * Bottleneck.expansion
+        setattr(module, "layer%d" % (i + 1),
+                make_stage(inplanes, base_width * 2 ** i, n, stride, norm, zero_init_residual))
+        inplanes = stage_channels(base_width, i)
         if after_stage is not None:
             after_stage(i, inplanes)
     return inplanes
