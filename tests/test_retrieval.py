@@ -168,6 +168,7 @@ def test_extractor_gives_test_py_features(world, reference, engine, capfd):
         extractor = FeatureExtractor(config=DEMO, opts=opts_for(world, extra=extra), engine=engine, batch_size=8)
         tolerance = 1e-5
     assert extractor.engine == engine
+    assert extractor.feature_size == reference["features"].shape[1]    # known from the config, before any image
     capfd.readouterr()
     got = extractor(reference["paths"])
     if engine == "compiled":      # the graph's build announced, its cache in the user cache (REID_CACHE here)
