@@ -62,7 +62,7 @@ MT_TESTS := tests/test_compat_checkpoint.py tests/test_compat_custom_op.py tests
 	tests/test_compat_errors.py tests/test_compat_norm.py tests/test_compat_optim.py tests/test_compat_schedules.py \
 	tests/test_losses.py tests/test_modeling.py tests/test_modeling_units.py tests/test_evaluation.py \
 	tests/test_evaluation_parity.py tests/test_compiled.py tests/test_training.py tests/test_training_spec.py \
-	tests/test_compat_functional.py tests/test_compat_shims.py tests/test_retrieval.py
+	tests/test_compat_functional.py tests/test_compat_shims.py tests/test_retrieval.py tests/test_package.py
 #
 # Two jobs side by side on the machine's cores (TEST_JOBS=2, the default): the MSAdapter suite but its
 # 20-iteration step comparison, and the torch suite, the mindtorch one, then that comparison. Much of each
