@@ -48,7 +48,7 @@ DEFAULT_BLOCK_ELEMENTS = 1 << 22
 # Cut-outs (items up to a query's farthest correct match) at least this long are counted without sorting.
 LONG_CUT_OUT = 4096
 RANKERS = ("counting", "cut-out")
-# The counting ranker (_items_ahead_counting): a row whose items up to its farthest correct match are at most
+# The counting ranker (_less_counting): a row whose items up to its farthest correct match are at most
 # 1/SHORT_CUT_OUT of it is sorted instead of binned; about PER_BIN items per bin; bins beyond the farthest match
 # at most SPREAD times those up to it; BLOCK distances binned at a time (about 30 bytes of working arrays each,
 # 8 MB). Set where bench/eval.py's Market- and MSMT-scale cases ran fastest; any values give the same counts.
@@ -95,10 +95,22 @@ def _float32_keys(values, columns, bits):
     return keys
 
 
-def _items_ahead_cut_out(dist, dpos, gidx, good):
+def _items_ahead(dist, dpos, gidx, good, ranker="counting"):
     """For each good slot (r, j): how many items of row r come before gallery item gidx[r, j] (distance dpos[r, j])
     in (distance, gallery index) order, i.e. its 0-based position in a stable argsort of the row. Other slots: 0.
-    Each row's good slots must be in that order already (rank_chunk sorts the positives).
+    Each row's good slots must be in that order already (rank_chunk sorts the positives). `ranker` (RANKERS)
+    picks how; both give the same counts."""
+    r, j = np.nonzero(good)                         # row-major: each row's good slots together, in order
+    bounds = np.searchsorted(r, np.arange(dist.shape[0] + 1))
+    count = _less_cut_out if ranker == "cut-out" else _less_counting
+    ahead = np.zeros(dpos.shape, np.int64)
+    ahead[r, j] = count(dist, dpos[r, j], gidx[r, j], bounds)
+    return ahead
+
+
+def _less_cut_out(dist, probes, columns, bounds):
+    """The items ahead of each probe (distance probes[t] of gallery item columns[t]; row i's probes are
+    probes[bounds[i]:bounds[i + 1]], in order), by cutting out what lies up to each row's farthest probe.
 
     No row is sorted whole: only the items no farther than the row's farthest good match can be ahead of one
     (usually a small part of the row), and only those are cut out. A short cut-out is sorted and each match's
@@ -107,12 +119,8 @@ def _items_ahead_cut_out(dist, dpos, gidx, good):
     gallery index), and a match's position is the number of keys below its own, one comparison pass per match,
     ties included; a sort is used instead if the identity has very many images.
     """
-    c, n = dist.shape
-    ahead = np.zeros(dpos.shape, np.int64)
-    r, j = np.nonzero(good)                         # row-major: each row's good slots together, in order
-    probes, columns = dpos[r, j], gidx[r, j]
-    bounds = np.searchsorted(r, np.arange(c + 1))
-    less = np.empty(len(r), np.int64)
+    n = dist.shape[1]
+    less = np.empty(len(probes), np.int64)
     if dist.dtype == np.float32:
         bits = max(1, (n - 1).bit_length())
         probe_keys = _float32_keys(probes.copy(), columns, bits)
@@ -129,12 +137,11 @@ def _items_ahead_cut_out(dist, dpos, gidx, good):
             less[a:b] = [np.count_nonzero(keys < key) for key in probe_keys[a:b]]
         else:
             less[a:b] = _sorted_cut_out(d, probes[a:b], columns[a:b], ahead_of_last)
-    ahead[r, j] = less
-    return ahead
+    return less
 
 
-def _items_ahead_counting(dist, dpos, gidx, good):
-    """What _items_ahead_cut_out gives, by counting (the module docstring). Per row, the distances are put in
+def _less_counting(dist, probes, columns, bounds):
+    """What _less_cut_out gives, by counting (the module docstring). Per row, the distances are put in
     bins of equal width, about gallery/PER_BIN of them from the row's nearest item to its farthest good match
     (those beyond it go to the bins above, at most SPREAD times as many): one histogram gives the items in bins
     below each match's bin, and the few items that share a bin with a match (its mates) are ordered exactly by
@@ -143,12 +150,8 @@ def _items_ahead_counting(dist, dpos, gidx, good):
     bin farther: the counts are exact. Rows are binned a block at a time (BLOCK distances), in one histogram
     per block; rows where few items are no farther than the last match (estimated on a sample of the row) are
     sorted instead."""
-    c, n = dist.shape
-    ahead = np.zeros(dpos.shape, np.int64)
-    r, j = np.nonzero(good)                         # row-major: each row's good slots together, in order
-    probes, columns = dpos[r, j], gidx[r, j]
-    bounds = np.searchsorted(r, np.arange(c + 1))
-    less = np.empty(len(r), np.int64)
+    n = dist.shape[1]
+    less = np.empty(len(probes), np.int64)
     rows = np.flatnonzero(bounds[1:] > bounds[:-1])
     last = probes[bounds[rows + 1] - 1]             # the farthest good match of each row
     sample = max(1, n // 256)
@@ -162,7 +165,7 @@ def _items_ahead_counting(dist, dpos, gidx, good):
     for start in range(0, len(rows), step):
         block = rows[start:start + step]
         k = len(block)
-        x = dist[block]                             # a copy, made the bins' values in place
+        x = dist[block]                             # a copy, turned into the bins' values in place
         lo = x.min(1)
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             scale = ((num_bins - 1) / (last[start:start + step] - lo)).astype(x.dtype)
@@ -197,8 +200,7 @@ def _items_ahead_counting(dist, dpos, gidx, good):
         place[order] = np.arange(len(mates))
         first_in_bin = np.searchsorted(mate_bins[order], probe_bins, "left")
         less[slots] = below + place[np.searchsorted(mates, probe_items)] - first_in_bin
-    ahead[r, j] = less
-    return ahead
+    return less
 
 
 def _sorted_cut_out(d, p, g, cut=None):
@@ -259,7 +261,7 @@ def rank_chunk(dist, q_pids, q_camids, gallery, first_query_index=0, cuhk03=None
     good_before = np.cumsum(good, 1) - good
     junk_before = np.cumsum(junk, 1) - junk
 
-    ahead = (_items_ahead_cut_out if ranker == "cut-out" else _items_ahead_counting)(dist, dpos, gidx, good)
+    ahead = _items_ahead(dist, dpos, gidx, good, ranker)
     kept_pos = ahead - junk_before  # 0-based position among kept items
 
     valid = num_good > 0
