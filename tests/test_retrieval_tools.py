@@ -402,11 +402,9 @@ def test_an_export_of_the_index_weights_searches_and_updates_it(world, acl_index
     anything; a file whose sidecar does not record its weights (exported before it did) is refused, the message
     naming both models with their feature sizes."""
     pytest.importorskip("onnxruntime")
-    from reid.config import load_cfg
-    from reid.deploy import export_model
     search = tool("search").main
     onnx = str(tmp_path / "acl.onnx")
-    export_model(load_cfg(DEMO, opts_for(world, "acl")), onnx, "onnx", batch=1, check=False)
+    tool("export").main(["--config-file", DEMO, "--output", onnx, "--no-check"] + opts_for(world, "acl"))
     lists = {}
     for name, model in (("eager", ["--engine", "eager"]), ("onnx", ["--model", onnx])):
         search(["--index", acl_index, "--query", world["query"], "--topk", "10", "--output",

@@ -11,7 +11,6 @@ the batch fixed to --batch (default 1). The written file is run once on --batch 
 with the eager model (the sidecar's "check"). Evaluate it with test.py --engine onnx|mindir --model PATH.
 """
 import argparse
-import faulthandler
 import os
 import sys
 
@@ -19,7 +18,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def main(argv=None):
-    faulthandler.enable()
+    from reid.deploy.commands import enable_faulthandler
+    enable_faulthandler()
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config-file", default="", metavar="FILE", help="the config the weights were trained with")
     p.add_argument("--backend", choices=("mindspore", "torch"), default=None,
@@ -34,10 +34,17 @@ def main(argv=None):
         os.environ["REID_BACKEND"] = args.backend
     from reid.config import load_cfg
     from reid.deploy import export_model
+    from reid.deploy.extractor import exported_identity
+    from reid.engine.checkpointer import check_weights_file
     from reid.runtime import configure_runtime
     cfg = load_cfg(args.config_file or None, list(args.opts))
     configure_runtime(cfg)
-    sidecar = export_model(cfg, args.output, args.format, batch=args.batch, check=not args.no_check)
+    identity = None
+    if cfg.MODEL.WEIGHTS:     # recorded in the sidecar: the file's features count as these weights' own
+        check_weights_file(cfg.MODEL.WEIGHTS)
+        identity = exported_identity(cfg)
+    sidecar = export_model(cfg, args.output, args.format, batch=args.batch, check=not args.no_check,
+                           identity=identity)
     print("wrote %s (%s, %s batch, feature size %d) and %s" % (
         args.output, sidecar["format"], "dynamic" if sidecar["dynamic_batch"] else "fixed %d" % sidecar["batch"],
         sidecar["model"]["feature_size"], args.output + ".json"))

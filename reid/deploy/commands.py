@@ -23,16 +23,22 @@ def add_model_args(parser, what):
 
 def parse(parser, argv):
     """Parse, check the numbers (before any model work), then select the backend before anything imports
-    compat. A crash in the framework's native code will print the Python stack (where stderr is a file)."""
-    try:
-        faulthandler.enable()
-    except (OSError, ValueError, AttributeError):     # stderr replaced by an object without a file (pytest)
-        pass
+    compat."""
+    enable_faulthandler()
     args = parser.parse_intermixed_args(argv)
     at_least("--batch", args.batch, 1)
     if args.backend:
         os.environ["REID_BACKEND"] = args.backend
     return args
+
+
+def enable_faulthandler():
+    """A crash in the framework's native code will print the Python stack (where stderr is a file: not when a
+    test has replaced it)."""
+    try:
+        faulthandler.enable()
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 def at_least(flag, value, least):

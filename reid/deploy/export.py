@@ -89,11 +89,12 @@ def onnx_opset(path):
     return None
 
 
-def export_model(cfg, output, fmt=None, batch=1, check=True, model=None):
+def export_model(cfg, output, fmt=None, batch=1, check=True, model=None, identity=None):
     """Write cfg's model with MODEL.WEIGHTS (or `model`, a network cfg describes, which the export takes over)
     to `output` (ONNX or MINDIR, from `fmt` or the suffix) and its JSON sidecar `output.json`; returns the
     sidecar dict. `batch`: the batch size of fixed-batch formats (MindSpore exports) and of the check, which
-    runs the written file on `batch` random images against the eager model."""
+    runs the written file on `batch` random images against the eager model. `identity`: the weights and config
+    the file holds (reid.deploy.extractor.exported_identity), recorded so that its features count as theirs."""
     from reid.runtime import build_eval_model
     fmt = backend_export.check_format(format_of(output, fmt))
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
@@ -131,9 +132,8 @@ def export_model(cfg, output, fmt=None, batch=1, check=True, model=None):
         "exported_by": {"backend": compat.BACKEND, "framework": str(compat.info()["framework"]),
                         "framework_version": backend_export.framework_version()},
     }
-    if cfg.MODEL.WEIGHTS and os.path.isfile(cfg.MODEL.WEIGHTS):
-        from reid.deploy.extractor import exported_identity
-        sidecar["identity"] = exported_identity(cfg)     # the same model as its weights, whatever the engine
+    if identity is not None:
+        sidecar["identity"] = identity     # the same model as its weights, whatever the engine
     if check:
         got = runner.run(images)
         sidecar["check"] = {"images": batch, "max_abs_diff_vs_eager": float(np.abs(got - eager).max()),

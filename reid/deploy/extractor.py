@@ -105,12 +105,11 @@ def feature_config(cfg):
     return "%sINPUT.SIZE_TEST: %s\nTEST.FLIP: %s\n" % (model.dump(), list(cfg.INPUT.SIZE_TEST), bool(cfg.TEST.FLIP))
 
 
-def exported_identity(cfg):
+def exported_identity(cfg, weights_sha256=None):
     """What an export's sidecar records of the model it holds, so that its features count as the weights' own
-    on every engine: the weights' hash and the feature config's hash with and without TEST.FLIP (which the
-    extractor may switch)."""
-    weights = cfg.MODEL.WEIGHTS
-    return {"weights_sha256": file_sha256(weights),
+    on every engine: the weights' hash (given, or taken) and the feature config's hash with and without
+    TEST.FLIP (which the extractor may switch)."""
+    return {"weights_sha256": weights_sha256 or file_sha256(cfg.MODEL.WEIGHTS),
             "config_sha256": {name: _text_sha256(feature_config(_override(cfg, ["TEST.FLIP", flip])))
                               for name, flip in (("flip", True), ("no flip", False))}}
 
@@ -300,7 +299,8 @@ class FeatureExtractor:
         """`model` (cfg's, with its weights; the export takes it over) exported to `path`."""
         from reid.deploy.export import export_model
         try:
-            export_model(cfg, path, self.engine, batch=batch or 1, model=model)
+            export_model(cfg, path, self.engine, batch=batch or 1, model=model,
+                         identity=exported_identity(cfg, self.identity["weights_sha256"]))
         except OSError as exc:
             raise UserError("cannot write the %s file of engine %s to %s (%s); set CACHE_DIR (or the REID_CACHE "
                             "environment variable) to a writable folder, or pick another engine" % (
