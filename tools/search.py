@@ -54,7 +54,7 @@ def build_parser():
                    help="--vis draws the first N queries (default 10)")
     p.add_argument("--vis-queries", default=None, metavar="LIST",
                    help="--vis draws these queries instead, comma-separated: numbers from 0 in the order the "
-                        "queries are searched (FILE.json's; ranges a-b), or file names")
+                        "queries are given (a folder's images sorted; ranges a-b), or file names")
     p.add_argument("--strict", action="store_true", help="a query file that cannot be read is an error, not a skip")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_model_args(p, "default: the model the index records")
@@ -132,7 +132,8 @@ def main(argv=None):
         raise UserError("none of the %d query images could be read (first: %s: %s)" % (len(files), *problems[0]))
     check_same_model(args.index, index.model, extractor.describe(), fix)
     files = [files[i] for i in kept]
-    vis_rows = [kept.index(i) for i in vis_files if i in kept]     # unreadable queries are not searched
+    searched = {f: row for row, f in enumerate(kept)}
+    vis_rows = [searched[f] for f in vis_files if f in searched]    # unreadable queries are not searched
     q_pids, q_camids = labels_for([os.path.abspath(f) if query_labels is not None else rel for f, rel in files],
                                   query_labels)
 
