@@ -187,7 +187,9 @@ def test_extractor_gives_test_py_features(world, reference, engine, capfd):
         from reid.data.common import read_image
         arrays = [read_image(p) for p in reference["paths"]]
         assert np.array_equal(extractor(arrays), got)
-        assert np.array_equal(extractor(np.stack([arrays[4]] * 3)), got[[4, 4, 4]])   # (N, H, W, 3)
+        # (N, H, W, 3); a batch of another size may take other kernel blockings (MindSpore on AVX2-only CPUs
+        # differs in the last bits), so to float32 rounding rather than bit for bit
+        assert np.abs(extractor(np.stack([arrays[4]] * 3)) - got[[4, 4, 4]]).max() <= 1e-6
         assert np.array_equal(extractor(world["query"]), got)             # a folder: its images, sorted
         raw = FeatureExtractor(config=DEMO, opts=opts_for(world), engine="eager", normalize=False)(arrays[:5])
         scale = np.abs(reference["features"]).max()
