@@ -19,7 +19,11 @@ from tests.test_retrieval import DEMO, _one_torch_thread, make_weights, one_torc
 from tests.test_retrieval_tools import tool
 
 ROUNDING = 1.5e-6     # scores in the JSON have 6 decimals: two float32 sums a few 1e-8 apart may round 1e-6 apart
-pytest.importorskip("pymilvus", reason="pymilvus is in both environments' requirements: run 'make setup'")
+
+
+@pytest.fixture(autouse=True)
+def _pymilvus():
+    pytest.importorskip("pymilvus", reason="pymilvus is in both environments' requirements: run 'make setup'")
 
 
 @pytest.fixture(scope="module")

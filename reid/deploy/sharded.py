@@ -164,7 +164,7 @@ def launch_index(script, argv, args, folder, describe_store, log=None):
     try:
         rc = launch(script, list(sys.argv[1:] if argv is None else argv), compat.backend.requested_backend(),
                     args.nproc, args.nnodes, args.node_rank, args.master_addr, args.master_port, log=log,
-                    rank_args=(), what="extraction")
+                    rank_args=(), what=None)
         if rc == 0:
             return
         done = [os.path.exists(os.path.join(folder, "rank%d.npz" % r)) for r in range(world)]

@@ -126,8 +126,8 @@ def launch(script, argv, backend, nproc, nnodes=1, node_rank=0, master_addr=DEFA
            output_dir=None, log=None, rank_args=("--max-restarts", "0"), what="training"):
     """Run `script argv` as nproc local ranks of an nnodes x nproc data-parallel run on `backend`'s launcher;
     returns the exit status (0 when every local rank succeeded). `rank_args` go after every rank's arguments
-    (train.py's: no supervisor in a rank); `what` names the run in the failure message (tools/index.py --nproc:
-    "extraction")."""
+    (train.py's: no supervisor in a rank); `what` names the run in the failure message (None: no message, the
+    caller says what failed: tools/index.py --nproc)."""
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     nproc, nnodes, node_rank = int(nproc), int(nnodes), int(node_rank)
     if nproc < 1 or nnodes < 1 or not 0 <= node_rank < nnodes:
@@ -142,7 +142,7 @@ def launch(script, argv, backend, nproc, nnodes=1, node_rank=0, master_addr=DEFA
         rc = _launch_torch(command, env, nproc, nnodes, node_rank, master_addr, master_port)
     else:
         rc = _launch_mindspore(command, env, nproc, nnodes, node_rank, master_addr, master_port, log)
-    if rc != 0:
+    if rc != 0 and what:
         where = ""
         if output_dir and os.path.exists(os.path.join(output_dir, "last_checkpoint")):
             where = "; continue from the last checkpoint with --resume"
