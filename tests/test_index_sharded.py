@@ -78,3 +78,21 @@ def test_a_dead_rank_fails_the_run_with_one_line_and_the_index_intact(world, acl
     assert "%s is as it was" % output in message
     assert open(output, "rb").read() == before
     assert sorted(os.listdir(str(tmp_path))) == ["g", "g.npz"]
+
+
+@pytest.mark.skipif(os.environ.get("REID_BACKEND", "mindspore") != "torch",
+                    reason="torch's init_process_group wraps the error hook (compat.distributed keeps it working)")
+def test_a_ranks_bad_input_is_its_one_line_error(world, acl_index, changed, tmp_path, capfd):  # noqa: F811
+    """--strict with a truncated image in rank 1's shard: rank 1 prints its one-line error, the run fails
+    naming rank 1, the index is as it was."""
+    output = str(tmp_path / "g.npz")
+    shutil.copy(acl_index, output)
+    before = open(output, "rb").read()
+    bad = os.path.join(changed, sorted(os.listdir(changed))[45])         # rank 1 extracts images 42..49
+    data = open(bad, "rb").read()
+    open(bad, "wb").write(data[:len(data) // 2])
+    with pytest.raises(UserError, match="distributed extraction failed: rank 1 of 2 died"):
+        tool("index").main(_args(world, changed, output, "--strict", "--nproc", "2", "--master-port",
+                                 str(_free_port())))
+    assert "error: cannot read image %s: truncated JPEG" % bad in capfd.readouterr().err
+    assert open(output, "rb").read() == before
