@@ -262,3 +262,23 @@ def test_hnsw_on_milvus_lite_2_5_is_one_line(world, tmp_path):
     folder, _ = _changed_folder(world, tmp_path)
     with pytest.raises(UserError, match="builds FLAT and IVF indexes only"):
         index(world, "milvus:" + str(tmp_path / "h.db"), folder, "--milvus-index", "hnsw")
+
+
+def test_store_arguments_are_checked_before_any_work(tmp_path):
+    """An index named twice or not at all, float16 or a Milvus index for the other store, --nproc 0: one line
+    each, before a model is built (no weights given here)."""
+    index, search = tool("index").main, tool("search").main
+    gallery = ["--gallery", str(tmp_path)]
+    for args, expected in (([], "give the index to write: --output FILE.npz, or --store"),
+                           (["--output", "g.npz", "--store", "milvus:g.db"], "name two indexes; give one"),
+                           (["--store", "milvus:g.db", "--float16"], "holds float32 vectors; leave out --float16"),
+                           (["--output", "g.npz", "--milvus-index", "hnsw"], "--milvus-index is for a Milvus store"),
+                           (["--output", "g.npz", "--nproc", "0"], "--nproc and --nnodes must be at least 1")):
+        with pytest.raises(UserError, match=expected):
+            index(gallery + args)
+    query = ["--query", str(tmp_path), "--output", str(tmp_path / "r.json")]
+    for args, expected in (([], "give the gallery index: --index FILE.npz, or --store"),
+                           (["--index", "g.npz", "--store", "milvus:g.db"], "name two indexes; give one"),
+                           (["--store", "milvus:g.db", "--rerank"], "searched by its own vector index")):
+        with pytest.raises(UserError, match=expected):
+            search(query + args)

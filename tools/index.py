@@ -67,9 +67,12 @@ def build_parser():
 
 
 def store_of(args):
-    """The StoreSpec the arguments name: --output FILE (.npz) or --store milvus:..., not both."""
+    """The StoreSpec the arguments name: --output FILE (.npz) or --store milvus:..., not both (and the other
+    arguments' checks that need no model)."""
     from compat.errors import UserError
     from reid.deploy.milvus_store import parse_store
+    if args.nproc < 1 or args.nnodes < 1:
+        raise UserError("--nproc and --nnodes must be at least 1, got %d and %d" % (args.nproc, args.nnodes))
     spec = parse_store(args.store)
     if spec.kind == "npz" and not args.output:
         raise UserError("give the index to write: --output FILE.npz, or --store milvus:PATH.db / "
