@@ -159,8 +159,8 @@ def _lite_problem(path, exc):
             if sqlite:
                 return ("it is a Milvus Lite 2.5 file (this environment has Milvus Lite %s, which keeps a folder); "
                         "index with --store milvus:NEW.db here" % version)
-        return ("it is damaged or not a Milvus Lite database (%s); index again into a new file, or --rebuild after "
-                "removing it" % _first_line(exc))
+        return ("it is damaged or not a Milvus Lite database (%s); index again into a new file (or remove this one "
+                "first)" % _first_line(exc))
     return "%s; check the path" % _first_line(exc)
 
 
@@ -168,6 +168,9 @@ def connect(spec, timeout=None):
     """A pymilvus MilvusClient of `spec`; every way it cannot connect is a one-line error naming the store."""
     pymilvus = import_pymilvus()
     if spec.lite:
+        if lite_version() is None:
+            raise UserError("milvus-lite is not installed, so there is no Milvus Lite file; %s, or give a Milvus "
+                            "server (--store milvus://HOST:PORT)" % PIP)
         folder = os.path.dirname(spec.lite)
         if not os.path.isdir(folder):
             raise UserError("--store %s: the folder %s does not exist; create it first" % (spec, folder))
@@ -224,8 +227,8 @@ class MilvusGallery:
 
     def close(self):
         """Close the connection. A Milvus Lite file's engine stays up (and its lock held) until the process
-        exits, as Milvus Lite runs it: stopped and started again within one process, Milvus Lite 2.5's engine
-        at times did not come back."""
+        exits, as Milvus Lite runs it (stopped and started again within one test process, Milvus Lite 2.5's
+        engine at times did not come back)."""
         try:
             self.client.close()
         except Exception:   # closing what failed: nothing more to do
