@@ -44,8 +44,9 @@ MAX_PATH = 65535                 # Milvus's longest VARCHAR
 MAX_TOPK = 16384                 # Milvus's largest search limit
 INDEX_TYPES = {"flat": "FLAT", "ivf": "IVF_FLAT", "hnsw": "HNSW"}
 DEFAULT_HNSW = {"M": 16, "efConstruction": 200}
-UPSERT_BYTES = 1 << 21           # vectors per write call: about 2 MB of float32 (larger calls were an order of
-                                 # magnitude slower into Milvus Lite 2.5)
+UPSERT_BYTES = 1 << 21           # vectors per write call into Milvus Lite 2.5: about 2 MB of float32 (larger
+                                 # calls were an order of magnitude slower there); LARGER_WRITES times that into
+LARGER_WRITES = 8                # Milvus Lite 3 and servers (each call costs Milvus Lite 3 a write of its log)
 READ_BATCH = 16384               # rows per page when the rows are read back (Milvus's largest page)
 CONNECT_TIMEOUT_S = 10
 LOCKED = "it is open in another process (Milvus Lite allows one at a time); wait for it or stop it"
@@ -373,9 +374,10 @@ class MilvusGallery:
         return int(rows[0]["count(*)"])
 
     def upsert(self, paths, features, pids, camids, sizes, mtimes, progress=None, new=False):
-        """Insert or replace the rows of `paths`, in batches of about UPSERT_BYTES; `new`: rows of paths the
+        """Insert or replace the rows of `paths`, in batches (UPSERT_BYTES); `new`: rows of paths the
         collection does not hold (inserted: Milvus does not look for the rows they replace)."""
-        step = max(1, UPSERT_BYTES // max(1, 4 * int(features.shape[1]) if len(paths) else 1))
+        budget = UPSERT_BYTES * (1 if self.spec.lite and (lite_version() or "").startswith("2.") else LARGER_WRITES)
+        step = max(1, budget // max(1, 4 * int(features.shape[1]) if len(paths) else 1))
         write = self.client.insert if new else self.client.upsert
         for start in range(0, len(paths), step):
             stop = min(start + step, len(paths))
