@@ -183,9 +183,10 @@ def _holder(db):
 
 
 def test_bad_milvus_stores_are_one_line_errors_that_change_nothing(world, tmp_path, monkeypatch):
-    """An unreachable server, a collection of another model (indexing and searching), a damaged file, a file
-    that another process holds, a collection that tools/index.py did not make (kept even with --rebuild),
-    pymilvus missing: each a one-line error naming the store and the fix; nothing written."""
+    """An unreachable server, a collection of another model (indexing and searching), a damaged file, the other
+    environment's Milvus Lite format, a file that another process holds, a collection that tools/index.py did
+    not make (kept even with --rebuild), pymilvus missing: each a one-line error naming the store and the fix;
+    nothing written."""
     import builtins
     from reid.deploy import milvus_store
     from tests.test_distributed import _free_port
@@ -227,6 +228,15 @@ def test_bad_milvus_stores_are_one_line_errors_that_change_nothing(world, tmp_pa
     content = damaged.read_bytes()
     refused(["milvus:" + str(damaged), folder], "cannot open the Milvus Lite file", "damaged or not a Milvus Lite")
     assert damaged.read_bytes() == content
+
+    other = tmp_path / "other.db"             # the other environment's Milvus Lite format
+    if milvus_store.lite_version().startswith("2."):
+        other.mkdir()
+        (other / "LOCK").touch()
+        refused(["milvus:" + str(other), folder], "it is a folder, as Milvus Lite 3 writes")
+    else:
+        other.write_bytes(b"SQLite format 3\x00" + bytes(4080))
+        refused(["milvus:" + str(other), folder], "it is a Milvus Lite 2.5 file")
 
     held = str(tmp_path / "held.db")
     holder = _holder(held)
