@@ -16,7 +16,9 @@ our search over a float16 gallery (tools/index.py --float16: half the memory).
 --store milvus adds Milvus Lite rows (reid.deploy.milvus_store, the code tools/index.py --store runs): the
 gallery inserted into a collection of a new Milvus Lite file, then searched with its FLAT (exact), IVF_FLAT
 and HNSW indexes. The MindSpore environment has Milvus Lite 2.5 (its C++ engine runs in a child process;
-FLAT and IVF only), the torch environment Milvus Lite 3 (in the process, on faiss); --milvus picks them:
+FLAT and IVF only), the torch environment Milvus Lite 3 (in the process, on faiss); --milvus picks them
+(ENV:INDEX[:python]; python: pymilvus on protobuf's pure-Python implementation, which MindSpore 2.0 sets for
+any process that imports it, tools/index.py on the MindSpore backend included):
 
   insert    rows/s of the inserts (build: the seconds from the last insert until the first search answered:
             flush and index build)
@@ -39,7 +41,7 @@ sys.path.insert(0, ROOT)
 from bench.timing import run_isolated  # noqa: E402
 
 SIZES = {"10k": 10_000, "100k": 100_000, "1m": 1_000_000}
-MILVUS = "torch:flat,torch:ivf,torch:hnsw,mindspore:flat,mindspore:ivf"
+MILVUS = "torch:flat,torch:ivf,torch:hnsw,mindspore:flat,mindspore:ivf,mindspore:flat:python"
 HNSW = {"M": 16, "efConstruction": 200}
 # a Milvus process above this is stopped and its rows say so (Milvus Lite 3 keeps the collection in the process;
 # the machine's other jobs keep their memory)
@@ -125,10 +127,17 @@ def run(method, num_gallery, num_queries, nprobe=None):
     return out
 
 
-def run_milvus(index_type, num_gallery, num_queries, nprobe=None, ef=None):
+def run_milvus(index_type, num_gallery, num_queries, nprobe=None, ef=None, protobuf=None):
     """One Milvus Lite collection of the gallery in this process's environment: {"insert", "build" seconds,
-    "searches" {parameter: (seconds, indices, scores)}, "engine_peak_mb", "disk_mb", "lite"}."""
+    "searches" {parameter: (seconds, indices, scores)}, "engine_peak_mb", "disk_mb", "lite"}. `protobuf`:
+    "python" runs pymilvus on protobuf's pure-Python implementation, as in a process that imported MindSpore
+    2.0 (it sets PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python, which this process would otherwise inherit
+    from the benchmark's own); None: protobuf's default."""
     import tempfile
+    if protobuf:
+        os.environ["PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION"] = protobuf
+    else:
+        os.environ.pop("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", None)
 
     from reid.deploy import milvus_store as store
     from reid.deploy.gallery import INDEX_FORMAT
@@ -235,24 +244,26 @@ def main():
             rows.append(("faiss IVFFlat nlist %d nprobe %d" % (ivf["nlist"], probe), ivf["build"], seconds, idx,
                          scores, ivf["peak_rss_mb"]))
         extra = {}
-        for env, index_type in milvus:
+        for env, index_type, *protobuf in milvus:
             got = run_isolated(env, "bench.search:run_milvus", dict(index_type=index_type, num_gallery=n,
-                                                                    num_queries=args.queries, nprobe=nprobe, ef=ef),
+                                                                    num_queries=args.queries, nprobe=nprobe, ef=ef,
+                                                                    protobuf=protobuf[0] if protobuf else None),
                                timeout=6 * 3600, max_rss_mb=MAX_RSS_MB)
             if "killed_above_mb" in got:
                 print("  %s %s on %s: not measured, stopped above %d MB of resident memory" % (
                     "Milvus Lite", index_type.upper(), env, MAX_RSS_MB), flush=True)
                 continue
             for value, (seconds, idx, scores) in got["searches"].items():
-                label = "Milvus Lite %s %s%s" % (got["lite"], index_type.upper(), "" if value is None else " %s %d" % (
-                    "nprobe" if index_type == "ivf" else "ef", value))
+                parameter = "" if value is None else " %s %d" % ("nprobe" if index_type == "ivf" else "ef", value)
+                label = "Milvus Lite %s %s%s%s" % (got["lite"], index_type.upper(), parameter,
+                                                   ", protobuf python" if protobuf else "")
                 rows.append((label, got["build"], seconds, idx, scores, got["peak_rss_mb"] + got["engine_peak_mb"]))
                 extra[label] = (n / got["insert"], got["disk_mb"])
-        print("  %-34s %9s %11s %11s %10s %10s %8s" % ("method", "build s", "queries/s", "peak RSS MB", "recall@10",
+        print("  %-44s %9s %11s %11s %10s %10s %8s" % ("method", "build s", "queries/s", "peak RSS MB", "recall@10",
                                                       "insert/s", "disk MB"))
         for name, build, seconds, idx, _, rss in rows:
             rate, disk = extra.get(name, (None, None))
-            print("  %-34s %9.1f %11.1f %11.0f %10.4f %10s %8s" % (
+            print("  %-44s %9.1f %11.1f %11.0f %10.4f %10s %8s" % (
                 name, build, args.queries / seconds, rss, recall(idx, exact["indices"]),
                 "-" if rate is None else "%.0f" % rate, "-" if disk is None else "%.0f" % disk), flush=True)
         same, ties_only = compare_lists(exact["indices"], exact["scores"], flat["searches"][None][1],
