@@ -13,7 +13,21 @@ planted near-duplicates of each query at cosine similarities from ~0.95 to ~0.45
 is ~0 +- 0.02), so that every query has a true top-10 for the approximate index to find. "exact, float16" is
 our search over a float16 gallery (tools/index.py --float16: half the memory).
 
+--store milvus adds Milvus Lite rows (reid.deploy.milvus_store, the code tools/index.py --store runs): the
+gallery inserted into a collection of a new Milvus Lite file, then searched with its FLAT (exact), IVF_FLAT
+and HNSW indexes. The MindSpore environment has Milvus Lite 2.5 (its C++ engine runs in a child process;
+FLAT and IVF only), the torch environment Milvus Lite 3 (in the process, on faiss); --milvus picks them
+(ENV:INDEX[:python]; python: pymilvus on protobuf's pure-Python implementation, which MindSpore 2.0 sets for
+any process that imports it, tools/index.py on the MindSpore backend included):
+
+  insert    rows/s of the inserts (build: the seconds from the last insert until the first search answered:
+            flush and index build)
+  peak RSS  the process's, plus Milvus Lite 2.5's engine process's (the sum of the two peaks)
+  disk      the size of the Milvus Lite file (folder) afterwards
+
     python bench/search.py [--sizes 100k,1m] [--queries 200] [--nprobe 16,64,256]
+    python bench/search.py --store milvus [--milvus torch:flat,torch:ivf,torch:hnsw,mindspore:flat,mindspore:ivf]
+        [--ef 64,256]
 """
 import os
 import sys
@@ -26,7 +40,12 @@ sys.path.insert(0, ROOT)
 
 from bench.timing import run_isolated  # noqa: E402
 
-SIZES = {"100k": 100_000, "1m": 1_000_000}
+SIZES = {"10k": 10_000, "100k": 100_000, "1m": 1_000_000}
+MILVUS = "torch:flat,torch:ivf,torch:hnsw,mindspore:flat,mindspore:ivf,mindspore:flat:python"
+HNSW = {"M": 16, "efConstruction": 200}
+# a Milvus process above this is stopped and its rows say so (Milvus Lite 3 keeps the collection in the process;
+# the machine's other jobs keep their memory)
+MAX_RSS_MB = 20000
 DIM = 2048
 CHUNK = 16384
 PLANTS = 10
@@ -108,6 +127,68 @@ def run(method, num_gallery, num_queries, nprobe=None):
     return out
 
 
+def run_milvus(index_type, num_gallery, num_queries, nprobe=None, ef=None, protobuf=None):
+    """One Milvus Lite collection of the gallery in this process's environment: {"insert", "build" seconds,
+    "searches" {parameter: (seconds, indices, scores)}, "engine_peak_mb", "disk_mb", "lite"}. `protobuf`:
+    "python" runs pymilvus on protobuf's pure-Python implementation, as in a process that imported MindSpore
+    2.0 (it sets PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python, which this process would otherwise inherit
+    from the benchmark's own); None: protobuf's default."""
+    import tempfile
+    if protobuf:
+        os.environ["PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION"] = protobuf
+    else:
+        os.environ.pop("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", None)
+
+    from reid.deploy import milvus_store as store
+    from reid.deploy.gallery import INDEX_FORMAT
+    queries, plants = queries_and_plants(num_gallery, num_queries)
+    out = {"lite": store.lite_version()}
+    with tempfile.TemporaryDirectory(prefix="bench-milvus-") as folder:
+        spec = store.parse_store("milvus:" + os.path.join(folder, "g.db"))
+        gallery = store.MilvusGallery(spec)
+        params = {"ivf": {"nlist": int(np.sqrt(num_gallery))}, "hnsw": HNSW}.get(index_type)
+        gallery.create({"format": INDEX_FORMAT, "root": folder, "feature_size": DIM, "model": {}}, DIM, index_type,
+                       params)
+        insert = 0.0
+        ids = np.zeros(CHUNK, np.int64)
+        for start, chunk in chunks(num_gallery, queries, plants):
+            paths = ["%08d.jpg" % i for i in range(start, start + len(chunk))]
+            begin = time.perf_counter()
+            gallery.upsert(paths, chunk, ids, ids, ids, ids, new=True)
+            insert += time.perf_counter() - begin
+        out["insert"] = insert
+        begin = time.perf_counter()
+        gallery.flush()
+        gallery.search(queries[:1], TOPK)
+        out["build"] = time.perf_counter() - begin
+        searches = {}
+        for value in ({"ivf": nprobe, "hnsw": ef}.get(index_type) or [None]):
+            begin = time.perf_counter()
+            lists = gallery.search(queries, TOPK, nprobe=value if index_type == "ivf" else None,
+                                   ef=value if index_type == "hnsw" else None)
+            seconds = time.perf_counter() - begin
+            indices = np.array([[int(p[:-4]) for p, *_ in row] for row in lists], np.int64)
+            scores = np.array([[m[1] for m in row] for row in lists], np.float32)
+            searches[value] = (seconds, indices, scores)
+        out["searches"] = searches
+        out["engine_peak_mb"] = _lite_engine_peak_mb(spec.lite)
+        gallery.close()
+        out["disk_mb"] = sum(os.path.getsize(os.path.join(top, name)) for top, _, names in os.walk(folder)
+                             for name in names) / 1e6
+    return out
+
+
+def _lite_engine_peak_mb(path):
+    """Peak RSS of Milvus Lite 2.5's engine process for the file `path` (0: Milvus Lite 3 runs in this one)."""
+    from milvus_lite.server_manager import server_manager_instance
+    from bench.timing import _rss_mb
+    for key, server in server_manager_instance._servers.items():
+        process = getattr(server, "_p", None)
+        if os.path.realpath(str(key)) == os.path.realpath(path) and process is not None:
+            return _rss_mb(process.pid, "VmHWM")
+    return 0.0
+
+
 def compare_lists(a_idx, a_sc, b_idx, b_sc, tie=1e-5):
     """(queries whose ranked lists are identical, whether every difference is a tie): the scores agree rank for
     rank within `tie`, and an item ranked differently has a score within `tie` of the item it replaces."""
@@ -134,8 +215,13 @@ def main():
     parser.add_argument("--sizes", default="100k,1m", help="comma-separated: %s" % ", ".join(SIZES))
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--nprobe", default="16,64,256", help="faiss-ivf clusters searched per query (comma-separated)")
+    parser.add_argument("--store", choices=("npz", "milvus"), default="npz", help="milvus: add Milvus Lite rows")
+    parser.add_argument("--milvus", default=MILVUS, help="ENV:INDEX pairs for --store milvus (default %(default)s)")
+    parser.add_argument("--ef", default="64,256", help="Milvus HNSW candidates per query (comma-separated)")
     args = parser.parse_args()
     nprobe = [int(v) for v in args.nprobe.split(",") if v]
+    ef = [int(v) for v in args.ef.split(",") if v]
+    milvus = [tuple(v.split(":")) for v in args.milvus.split(",") if v] if args.store == "milvus" else []
     for size in args.sizes.split(","):
         n = SIZES[size]
         print("%s gallery vectors x %d dims (%.1f GB as float32), %d queries, top-%d" % (
@@ -157,10 +243,29 @@ def main():
         for probe, (seconds, idx, scores) in ivf["searches"].items():
             rows.append(("faiss IVFFlat nlist %d nprobe %d" % (ivf["nlist"], probe), ivf["build"], seconds, idx,
                          scores, ivf["peak_rss_mb"]))
-        print("  %-34s %9s %11s %11s %10s" % ("method", "build s", "queries/s", "peak RSS MB", "recall@10"))
+        extra = {}
+        for env, index_type, *protobuf in milvus:
+            got = run_isolated(env, "bench.search:run_milvus", dict(index_type=index_type, num_gallery=n,
+                                                                    num_queries=args.queries, nprobe=nprobe, ef=ef,
+                                                                    protobuf=protobuf[0] if protobuf else None),
+                               timeout=6 * 3600, max_rss_mb=MAX_RSS_MB)
+            if "killed_above_mb" in got:
+                print("  %s %s on %s: not measured, stopped above %d MB of resident memory" % (
+                    "Milvus Lite", index_type.upper(), env, MAX_RSS_MB), flush=True)
+                continue
+            for value, (seconds, idx, scores) in got["searches"].items():
+                parameter = "" if value is None else " %s %d" % ("nprobe" if index_type == "ivf" else "ef", value)
+                label = "Milvus Lite %s %s%s%s" % (got["lite"], index_type.upper(), parameter,
+                                                   ", protobuf python" if protobuf else "")
+                rows.append((label, got["build"], seconds, idx, scores, got["peak_rss_mb"] + got["engine_peak_mb"]))
+                extra[label] = (n / got["insert"], got["disk_mb"])
+        print("  %-44s %9s %11s %11s %10s %10s %8s" % ("method", "build s", "queries/s", "peak RSS MB", "recall@10",
+                                                      "insert/s", "disk MB"))
         for name, build, seconds, idx, _, rss in rows:
-            print("  %-34s %9.1f %11.1f %11.0f %10.4f" % (name, build, args.queries / seconds, rss,
-                                                         recall(idx, exact["indices"])), flush=True)
+            rate, disk = extra.get(name, (None, None))
+            print("  %-44s %9.1f %11.1f %11.0f %10.4f %10s %8s" % (
+                name, build, args.queries / seconds, rss, recall(idx, exact["indices"]),
+                "-" if rate is None else "%.0f" % rate, "-" if disk is None else "%.0f" % disk), flush=True)
         same, ties_only = compare_lists(exact["indices"], exact["scores"], flat["searches"][None][1],
                                         flat["searches"][None][2])
         print("  ours exact vs faiss IndexFlatIP: %d of %d ranked lists identical; every difference a tie: %s"

@@ -215,12 +215,30 @@ def init(device="cpu", timeout_s=DEFAULT_TIMEOUT_S):
         import torch.distributed as dist
         backend = "nccl" if str(device).lower() in ("gpu", "cuda") else "gloo"
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=float(timeout_s)))
+        _keep_user_errors_visible()
         grp = Group(dist.get_rank(), dist.get_world_size())
     if grp.world_size != world:
         raise UserError("the engine formed a group of %d processes but the launcher asked for %d"
                         % (grp.world_size, world))
     _state["group"] = grp
     return grp
+
+
+def _keep_user_errors_visible():
+    """torch's init_process_group wraps sys.excepthook in one that prefixes the rank to what the hook writes,
+    written once the hook returns; compat.errors' hook exits after writing a UserError's line, so the line was
+    lost and a rank's bad input ended in silence. UserErrors go to compat.errors' hook again (one line, status
+    2), everything else still to torch's."""
+    import sys
+
+    from compat import errors
+    wrapped = sys.excepthook
+
+    def hook(exc_type, exc, tb):
+        if issubclass(exc_type, UserError):
+            errors._excepthook(exc_type, exc, tb)
+        wrapped(exc_type, exc, tb)
+    sys.excepthook = hook
 
 
 def _exit_cluster_formation(exc):

@@ -4,6 +4,7 @@ and rank-list pictures.
 
     python tools/search.py --index gallery.npz --query person.jpg --topk 10 --output results.json
     python tools/search.py --index gallery.npz --query queries/ --filter protocol --vis ranks/ --output r.json
+    python tools/search.py --store milvus:gallery.db --query queries/ --filter camera --output r.json
 
 The model is the one the index was made with (the index records it), or the one given (--config-file ...
 MODEL.WEIGHTS ..., --model FILE), which must be the same: features of another model or config are refused.
@@ -13,7 +14,9 @@ instead of "score" after --rerank; UTF-8, paths as they are) and FILE.csv query,
 --vis draws the rank lists of the first --vis-count queries (10), or of those --vis-queries names.
 --filter camera leaves out gallery images from the query's camera; --filter protocol is test.py's evaluation
 protocol (same person in the same camera and junk images left out) and prints Rank-1 when the queries' ids
-are known. Ids come from Market-1501-style names or --query-labels. Details: docs/retrieval.md.
+are known. Ids come from Market-1501-style names or --query-labels. --store searches a Milvus collection
+written by tools/index.py --store (its vector index: exact FLAT unless made otherwise; --nprobe, --ef).
+Details: docs/retrieval.md.
 """
 import argparse
 import csv
@@ -31,7 +34,10 @@ TABLE_ROWS = 10
 
 def build_parser():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--index", required=True, metavar="FILE", help="a gallery index written by tools/index.py")
+    p.add_argument("--index", default=None, metavar="FILE", help="a gallery index written by tools/index.py")
+    p.add_argument("--store", default="npz", metavar="STORE",
+                   help="npz (default: the --index file), or the Milvus store tools/index.py --store wrote: "
+                        "milvus:PATH.db or milvus://HOST:PORT[/COLLECTION]")
     p.add_argument("--query", required=True, nargs="+", metavar="IMAGE|DIR", help="query images or folders")
     p.add_argument("--topk", type=int, default=10, metavar="K", help="matches per query (default 10)")
     p.add_argument("--output", required=True, metavar="FILE.json",
@@ -43,7 +49,9 @@ def build_parser():
     p.add_argument("--method", choices=METHODS, default="exact",
                    help="exact (default, numpy, bounded memory), faiss-flat (exact), faiss-ivf (approximate)")
     p.add_argument("--nlist", type=int, default=None, help="faiss-ivf clusters (default sqrt(gallery size))")
-    p.add_argument("--nprobe", type=int, default=16, help="faiss-ivf clusters searched per query (default 16)")
+    p.add_argument("--nprobe", type=int, default=16,
+                   help="faiss-ivf / Milvus IVF clusters searched per query (default 16)")
+    p.add_argument("--ef", type=int, default=64, help="Milvus HNSW candidates per query (default 64, at least --topk)")
     p.add_argument("--query-labels", default=None, metavar="CSV",
                    help="query ids from a CSV with the header path,pid,camid (paths relative to the CSV's folder)")
     p.add_argument("--gallery", default=None, metavar="DIR",
@@ -114,65 +122,98 @@ def main(argv=None):
     from compat.errors import UserError
     from reid.config import load_cfg
     from reid.deploy.gallery import UNKNOWN, check_same_model, labels_for, load_index, read_labels
+    from reid.deploy.milvus_store import open_gallery, parse_store
     from reid.deploy.search import exclusion, rank1_from_lists, rank_gallery
     from reid.evaluation import options_from_cfg
     from reid.evaluation.visualize import write_rank_list
 
-    index = load_index(args.index)
-    source = index.model.get("source") or {}
+    spec = parse_store(args.store)
+    if spec.kind == "npz":
+        if not args.index:
+            raise UserError("give the gallery index: --index FILE.npz, or --store milvus:PATH.db / "
+                            "milvus://HOST:PORT[/COLLECTION]")
+        index, gallery, name = load_index(args.index), None, args.index
+        model = index.model
+    else:
+        if args.index:
+            raise UserError("--index %s and --store %s name two indexes; give one of them" % (args.index, spec))
+        if args.rerank or args.aqe or args.method != "exact":
+            raise UserError("a Milvus store is searched by its own vector index (tools/index.py --milvus-index); "
+                            "--rerank, --aqe and --method faiss-* run on an .npz index (--index FILE)")
+        gallery = open_gallery(spec)
+        index, name, model = None, "collection %s of %s" % (gallery.name, spec), gallery.model
+    source = model.get("source") or {}
     files, others = query_files(args.query, args.strict)
     vis_files = resolve_vis(vis, files) if args.vis else []
     query_labels = read_labels(args.query_labels) if args.query_labels else None   # keyed by absolute path
     extractor = build_extractor(args, progress=not args.no_progress, source=source)
     fix = ("search with the model the index was made with (leave out the model arguments), or index the gallery "
            "with this one (tools/index.py --rebuild)")
-    check_same_model(args.index, index.model, extractor.describe(), fix)
+    check_same_model(name, model, extractor.describe(), fix)
     features, kept, problems = extractor.extract_files([f for f, _ in files], "stop" if args.strict else "skip")
     if not kept:
         raise UserError("none of the %d query images could be read (first: %s: %s)" % (len(files), *problems[0]))
-    check_same_model(args.index, index.model, extractor.describe(), fix)
+    check_same_model(name, model, extractor.describe(), fix)
     files = [files[i] for i in kept]
     searched = {f: row for row, f in enumerate(kept)}
     vis_rows = [searched[f] for f in vis_files if f in searched]    # unreadable queries are not searched
     q_pids, q_camids = labels_for([os.path.abspath(f) if query_labels is not None else rel for f, rel in files],
                                   query_labels)
 
-    if args.filter != "none" and not (index.camids != UNKNOWN).any():
+    cameras = (index.camids != UNKNOWN).any() if index is not None else gallery.has_cameras()
+    if args.filter != "none" and not cameras:
         raise UserError("--filter %s needs camera ids, and the index has none (Market-1501-style names, or "
                         "tools/index.py --labels); search without --filter" % args.filter)
-    exclude = exclusion(args.filter, q_pids, q_camids, index.pids, index.camids)
-    if gives_model(args):
-        config_file, opts = args.config_file or None, list(args.opts)
+    rank1 = None
+    if index is not None:
+        root = os.path.abspath(args.gallery) if args.gallery else index.root
+        exclude = exclusion(args.filter, q_pids, q_camids, index.pids, index.camids)
+        if gives_model(args):
+            config_file, opts = args.config_file or None, list(args.opts)
+        else:
+            config_file, opts = source.get("config_file"), list(source.get("opts") or []) + list(args.opts)
+        opts += ["TEST.RERANK.ENABLED", "True"] if args.rerank else []
+        opts += ["TEST.AQE.ENABLED", "True"] if args.aqe else []
+        options = options_from_cfg(load_cfg(config_file, opts))
+        ranked = rank_gallery(features, index.features, args.topk, exclude, args.method, options["rerank"],
+                              options["aqe"], args.nlist, args.nprobe)
+        kind = ranked["value"]
+        lists = [[index.record(j, root) + (float(v),) for j, v in zip(idx, values) if j >= 0]
+                 for idx, values in zip(ranked["indices"], ranked["values"])]
+        if args.filter == "protocol":
+            rank1 = rank1_from_lists(ranked["indices"], q_pids, index.pids, q_camids, index.camids)
+        method = args.method + (", re-ranked" if options["rerank"] else "") + (
+            ", query expansion" if options["aqe"] else "")
+        size = len(index)
     else:
-        config_file, opts = source.get("config_file"), list(source.get("opts") or []) + list(args.opts)
-    opts += ["TEST.RERANK.ENABLED", "True"] if args.rerank else []
-    opts += ["TEST.AQE.ENABLED", "True"] if args.aqe else []
-    options = options_from_cfg(load_cfg(config_file, opts))
-    ranked = rank_gallery(features, index.features, args.topk, exclude, args.method, options["rerank"],
-                          options["aqe"], args.nlist, args.nprobe)
+        with gallery:
+            root = os.path.abspath(args.gallery) if args.gallery else gallery.root
+            hits = gallery.search(features, args.topk, args.filter, q_pids, q_camids, args.nprobe, args.ef)
+            kind = "score"
+            lists = [[(os.path.join(root, *rel.split("/")), pid, camid, score)
+                      for rel, score, pid, camid in row] for row in hits]
+            if args.filter == "protocol":
+                rank1 = gallery.rank1(hits, q_pids, q_camids)
+            method = "Milvus %s" % gallery.index_info()[0].upper()
+            size = gallery.count()
 
-    root = os.path.abspath(args.gallery) if args.gallery else index.root
-    kind = ranked["value"]
     results = []
-    for q, ((path, _), idx, values) in enumerate(zip(files, ranked["indices"], ranked["values"])):
+    for q, ((path, _), matches) in enumerate(zip(files, lists)):
         entry = {"query": path}
-        for name, ids in (("pid", q_pids), ("camid", q_camids)):
+        for key, ids in (("pid", q_pids), ("camid", q_camids)):
             if ids[q] != UNKNOWN:
-                entry[name] = int(ids[q])
+                entry[key] = int(ids[q])
         entry["matches"] = []
-        for j, v in zip(idx, values):
-            if j < 0:
-                break
-            path, pid, camid = index.record(j, root)
+        for path, pid, camid, v in matches:
             match = {"path": path, kind: round(float(v), 6)}
             match.update({k: val for k, val in (("pid", pid), ("camid", camid)) if val is not None})
             entry["matches"].append(match)
         results.append(entry)
     write_results(outputs, results, kind)
 
-    print("%s searched in %s (%s, filter %s%s%s), engine %s" % (
-        plural(len(results), "query", "queries"), plural(len(index), "gallery image"), args.method, args.filter,
-        ", re-ranked" if options["rerank"] else "", ", query expansion" if options["aqe"] else "", extractor.engine))
+    print("%s searched in %s (%s, filter %s), engine %s" % (
+        plural(len(results), "query", "queries"), plural(size, "gallery image"), method, args.filter,
+        extractor.engine))
     for entry in results[:TABLE_ROWS]:
         best = "  ".join("%s %.3f" % (fit(os.path.basename(m["path"]), 32, pad=False), m[kind])
                          for m in entry["matches"][:3])
@@ -182,8 +223,8 @@ def main(argv=None):
     if problems or others:
         first = "%s: %s" % problems[0] if problems else "%s: not an image" % others[0]
         print("skipped %s, e.g. %s" % (plural(len(problems) + len(others), "query file"), first))
-    if args.filter == "protocol":
-        rank1, counted = rank1_from_lists(ranked["indices"], q_pids, index.pids, q_camids, index.camids)
+    if rank1 is not None:
+        rank1, counted = rank1
         if counted:
             print("Rank-1 from the file names: %.1f%% over %d queries with a match in another camera"
                   % (rank1, counted))

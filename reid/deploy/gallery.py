@@ -159,26 +159,45 @@ def scan_gallery(root, strict=False):
     return [p.replace(os.sep, "/") for p in images], others
 
 
-def build_index(extractor, root, previous=None, labels=None, strict=False, dtype="float32", progress=False,
-                index_path="the index", scan=None):
-    """(GalleryIndex of the images under `root`, report dict). With `previous` (the index of an earlier run)
-    only new and changed images are extracted (changed: another size or modification time), removed ones are
-    dropped, and the rest keep their features. `labels`: {relative path: (pid, camid)} instead of the names.
-    `strict`: a file that is not an image, or an image that cannot be read, is an error instead of a counted
-    skip. `scan`: scan_gallery(root, strict) when the caller has it already."""
-    if dtype not in DTYPES:
-        raise UserError("features are stored as %s, not %r" % (" or ".join(DTYPES), dtype))
+class UpdatePlan:
+    """What an index update does (plan_update): `paths` (every image under `root`, sorted), `stats`
+    {path: (size, mtime_ns)} of those still there, `kept` {path: row of the previous index} whose features stay,
+    `todo` (paths to extract, sorted), `problems` [(path, reason)] so far, `others` (non-image files), `model`
+    (the extractor's description), `previous` and `reusable`."""
+
+    def __init__(self, root, paths, others, stats, kept, todo, problems, model, previous, reusable):
+        self.root, self.paths, self.others, self.stats = root, paths, others, stats
+        self.kept, self.todo, self.problems, self.model, self.previous = kept, todo, problems, model, previous
+        self.reusable = reusable     # the previous index's paths whose features could be kept
+
+    def final_paths(self, extracted):
+        """The paths of the updated index, sorted: kept ones and those extracted."""
+        return [rel for rel in self.paths if rel in self.kept or rel in extracted]
+
+    def report(self, extracted, problems):
+        previous = self.previous
+        removed = len(previous.paths) - sum(1 for p in previous.paths if p in self.stats) if previous is not None else 0
+        return {"images": len(self.final_paths(extracted)), "extracted": len(extracted), "reused": len(self.kept),
+                "removed": removed, "skipped": list(problems), "non_images": self.others,
+                "changed": sum(1 for r in self.todo if r in self.reusable)}
+
+
+def plan_update(extractor, root, previous=None, strict=False, reuse=True, index_path="the index", scan=None):
+    """The UpdatePlan of indexing the images under `root` with `extractor`, given the `previous` index (anything
+    with `paths`, `sizes`, `mtimes` and `model`), or None. Only new and changed images (another size or
+    modification time) are to be extracted; `reuse` False extracts every image (the previous features are of
+    another dtype). A previous index of another model is an error."""
     if not extractor.normalize:
         raise UserError("an index holds L2-normalised features: build it with a FeatureExtractor(normalize=True)")
     root = os.path.abspath(root)
     rel_paths, others = scan or scan_gallery(root, strict)
     model = extractor.describe()
-    reuse = {}
+    rows = {}
     if previous is not None:
         check_same_model(index_path, previous.model, model, "add --rebuild to index the folder afresh with this "
                          "model (or use the model the index was made with)")
-        if str(previous.features.dtype) == dtype:
-            reuse = {p: i for i, p in enumerate(previous.paths)}
+        if reuse:
+            rows = {p: i for i, p in enumerate(previous.paths)}
     stats, problems = {}, []
     for rel in rel_paths:
         st = _stat(os.path.join(root, rel))
@@ -188,39 +207,66 @@ def build_index(extractor, root, previous=None, labels=None, strict=False, dtype
             problems.append((rel, "disappeared while indexing"))
         else:
             stats[rel] = st
-    kept_rows, todo = {}, []
+    kept, todo = {}, []
     for rel in rel_paths:
         if rel not in stats:
             continue
-        i = reuse.get(rel)
+        i = rows.get(rel)
         if i is not None and (int(previous.sizes[i]), int(previous.mtimes[i])) == stats[rel]:
-            kept_rows[rel] = i
+            kept[rel] = i
         else:
             todo.append(rel)
-    new_features, read, bad = extractor.extract_files(
-        [os.path.join(root, rel) for rel in todo], on_bad="stop" if strict else "skip", progress=progress)
-    extracted = {todo[j]: new_features[k] for k, j in enumerate(read)}
-    problems += [(os.path.relpath(path, root).replace(os.sep, "/"), reason) for path, reason in bad]
-    final = [rel for rel in rel_paths if rel in kept_rows or rel in extracted]
+    return UpdatePlan(root, rel_paths, others, stats, kept, todo, problems, model, previous, set(rows))
+
+
+def extract_planned(extractor, root, paths, strict=False, progress=False):
+    """({path: feature}, [(path, reason)]) of the images `paths` (relative to `root`) that could be read;
+    `strict`: an image that cannot be read is an error instead."""
+    features, read, bad = extractor.extract_files([os.path.join(root, rel) for rel in paths],
+                                                  on_bad="stop" if strict else "skip", progress=progress)
+    extracted = {paths[j]: features[k] for k, j in enumerate(read)}
+    return extracted, [(os.path.relpath(path, root).replace(os.sep, "/"), reason) for path, reason in bad]
+
+
+def assemble_index(plan, extracted, problems, labels=None, dtype="float32"):
+    """(GalleryIndex, report dict) of a plan once its images are extracted: `extracted` {path: feature},
+    `problems` the images that could not be read (after the plan's own)."""
+    root, previous = plan.root, plan.previous
+    problems = list(plan.problems) + list(problems)
+    final = plan.final_paths(extracted)
     if not final:
         raise UserError("none of the %d images under %s could be read (first: %s: %s); check the files"
-                        % (len(rel_paths), root, problems[0][0], problems[0][1]))
-    size = int(new_features.shape[1]) if len(extracted) else int(previous.features.shape[1])
+                        % (len(plan.paths), root, problems[0][0], problems[0][1]))
+    size = int(len(next(iter(extracted.values())))) if extracted else int(previous.features.shape[1])
     features = np.empty((len(final), size), dtype)
     for row, rel in enumerate(final):
-        features[row] = previous.features[kept_rows[rel]] if rel in kept_rows else extracted[rel]
+        features[row] = previous.features[plan.kept[rel]] if rel in plan.kept else extracted[rel]
     pids, camids = labels_for(final, labels)
-    model["feature_size"] = size
+    model = dict(plan.model, feature_size=size)
     meta = {"format": INDEX_FORMAT, "version": INDEX_VERSION, "root": root, "count": len(final),
             "feature_size": size, "dtype": dtype, "model": model,
             "labels": "csv" if labels is not None else "file names",
-            "skipped": [[rel, reason] for rel, reason in problems], "non_images": len(others)}
-    index = GalleryIndex(root, final, features, pids, camids, [stats[r][0] for r in final],
-                         [stats[r][1] for r in final], meta)
-    removed = len(previous.paths) - sum(1 for p in previous.paths if p in stats) if previous is not None else 0
-    report = {"images": len(final), "extracted": len(extracted), "reused": len(kept_rows), "removed": removed,
-              "skipped": problems, "non_images": others, "changed": sum(1 for r in todo if r in reuse)}
-    return index, report
+            "skipped": [[rel, reason] for rel, reason in problems], "non_images": len(plan.others)}
+    index = GalleryIndex(root, final, features, pids, camids, [plan.stats[r][0] for r in final],
+                         [plan.stats[r][1] for r in final], meta)
+    return index, plan.report(extracted, problems)
+
+
+def build_index(extractor, root, previous=None, labels=None, strict=False, dtype="float32", progress=False,
+                index_path="the index", scan=None):
+    """(GalleryIndex of the images under `root`, report dict). With `previous` (the index of an earlier run)
+    only new and changed images are extracted (changed: another size or modification time), removed ones are
+    dropped, and the rest keep their features. `labels`: {relative path: (pid, camid)} instead of the names.
+    `strict`: a file that is not an image, or an image that cannot be read, is an error instead of a counted
+    skip. `scan`: scan_gallery(root, strict) when the caller has it already. The three steps, plan_update,
+    extract_planned and assemble_index, are also run apart: by the ranks of a sharded extraction
+    (reid.deploy.sharded) and for a Milvus collection (reid.deploy.milvus)."""
+    if dtype not in DTYPES:
+        raise UserError("features are stored as %s, not %r" % (" or ".join(DTYPES), dtype))
+    reuse = previous is not None and str(previous.features.dtype) == dtype
+    plan = plan_update(extractor, root, previous, strict, reuse, index_path, scan)
+    extracted, problems = extract_planned(extractor, plan.root, plan.todo, strict, progress)
+    return assemble_index(plan, extracted, problems, labels, dtype)
 
 
 # ------------------------------------------------------------------------------------------------ file I/O

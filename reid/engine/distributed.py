@@ -132,9 +132,11 @@ def _describe(rc):
 
 
 def launch(script, argv, backend, nproc, nnodes=1, node_rank=0, master_addr=DEFAULT_ADDR, master_port=DEFAULT_PORT,
-           output_dir=None, log=None):
+           output_dir=None, log=None, rank_args=("--max-restarts", "0"), what="training"):
     """Run `script argv` as nproc local ranks of an nnodes x nproc data-parallel run on `backend`'s launcher;
-    returns the exit status (0 when every local rank succeeded)."""
+    returns the exit status (0 when every local rank succeeded). `rank_args` go after every rank's arguments
+    (train.py's: no supervisor in a rank); `what` names the run in the failure message (None: no message, the
+    caller says what failed: tools/index.py --nproc)."""
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     nproc, nnodes, node_rank = int(nproc), int(nnodes), int(node_rank)
     if nproc < 1 or nnodes < 1 or not 0 <= node_rank < nnodes:
@@ -142,19 +144,19 @@ def launch(script, argv, backend, nproc, nnodes=1, node_rank=0, master_addr=DEFA
                         % (nproc, nnodes, node_rank))
     if node_rank == 0:
         check_port_free(master_addr, master_port)
-    command = python_command(script) + rank_argv(argv) + ["--max-restarts", "0"]
+    command = python_command(script) + rank_argv(argv) + list(rank_args)
     env = rank_env(nproc, master_addr)
     if backend == "torch":
         env.setdefault("OMP_NUM_THREADS", env["REID_NUM_THREADS"])   # torch's intra-op pool
         rc = _launch_torch(command, env, nproc, nnodes, node_rank, master_addr, master_port)
     else:
         rc = _launch_mindspore(command, env, nproc, nnodes, node_rank, master_addr, master_port, log)
-    if rc != 0:
+    if rc != 0 and what:
         where = ""
         if output_dir and os.path.exists(os.path.join(output_dir, "last_checkpoint")):
             where = "; continue from the last checkpoint with --resume"
-        log("distributed training failed (status %d, the failing rank's error is above); every rank was stopped%s"
-            % (rc, where))
+        log("distributed %s failed (status %d, the failing rank's error is above); every rank was stopped%s"
+            % (what, rc, where))
     return rc
 
 
