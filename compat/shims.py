@@ -123,3 +123,82 @@ def fix_tensor_metaclass(torch):
         return None
     meta.__call__ = type.__call__
     return "%s.%s.__call__ = type.__call__" % (meta.__module__, meta.__name__)
+
+
+def apply_mindtorch(torch):
+    """The shims mindnlp's mindtorch (the MindSpore 2.7 stack; `torch` = the top-level `mindtorch`) needs;
+    returns what was done."""
+    done = []
+    if not hasattr(torch, "cast_to_adapter_tensor"):
+        # the older layers' conversion of a MindSpore result into their own tensor class, which compat calls
+        # after every MindSpore op it runs; mindtorch's Tensor is `mindspore.Tensor` itself
+        torch.cast_to_adapter_tensor = _same_tensor
+        done.append("cast_to_adapter_tensor = identity")
+    for shim in (_tensor_device_default, _move_to_same_device):
+        what = shim(torch)
+        if what:
+            done.append(what)
+    return done
+
+
+def _patched_classes(torch, name):
+    """The classes whose attribute `name` is mindtorch's patch: `mindspore.Tensor` (= `torch.Tensor`), and
+    MindSpore's `StubTensor` where this MindSpore still has it (mindtorch patches both)."""
+    member = vars(torch.Tensor).get(name)
+    classes = [torch.Tensor]
+    try:
+        from mindspore.common._stub_tensor import StubTensor
+        classes.append(StubTensor)
+    except ImportError:
+        pass
+    return [cls for cls in classes if member is not None and vars(cls).get(name) is member]
+
+
+def _tensor_device_default(torch):
+    """mindtorch keeps a tensor's device in `_device`, set by its own ops and constructors; a tensor made by a
+    MindSpore op outside the layer (compat's fused batch norm, `mindspore.ops.assign`'s result, a compiled
+    graph's outputs) has none, and the layer's next op on it raises `ValueError: Tensor must have device`.
+    Such a tensor is where MindSpore put it: the layer's device in context (its default, 'cpu')."""
+    from mindtorch._bind import get_device_in_context
+    classes = _patched_classes(torch, "device")
+    if not classes or getattr(vars(torch.Tensor)["device"], "fget", None) is _device_or_context:
+        return None
+    for cls in classes:
+        cls.device = property(_device_or_context)
+    _DEFAULT_DEVICE["get"] = get_device_in_context
+    return "Tensor.device defaults to the layer's device in context"
+
+
+_DEFAULT_DEVICE = {}
+
+
+def _device_or_context(tensor):
+    try:
+        return tensor._device
+    except AttributeError:
+        return _DEFAULT_DEVICE["get"]()
+
+
+def _move_to_same_device(torch):
+    """mindtorch's `Tensor.to('cpu')` (and `.to(device=...)`, `.cpu()`) copies the tensor through numpy even
+    when it is on the CPU already: the copy is a new leaf, so whatever was computed before it has no gradient
+    any more (`(a - b).to(a.device)` differentiates to zero). A move to the device a tensor is on is the
+    tensor itself, as in torch."""
+    classes = _patched_classes(torch, "_move_to")
+    if not classes or getattr(vars(torch.Tensor)["_move_to"], "_compat_original", None) is not None:
+        return None
+    original = vars(torch.Tensor)["_move_to"]
+
+    def _move_to(self, device, non_blocking=False):
+        if device.type != "meta" and self.device == device:
+            return self
+        return original(self, device, non_blocking)
+
+    _move_to._compat_original = original
+    for cls in classes:
+        cls._move_to = _move_to
+    return "Tensor._move_to returns the tensor itself when it is on that device"
+
+
+def _same_tensor(t):
+    return t
