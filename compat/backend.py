@@ -13,7 +13,7 @@ import multiprocessing
 import os
 import warnings
 
-from compat import shims
+from compat import shims, shims_ms27
 from compat.errors import UserError
 
 BACKENDS = ("mindspore", "torch")
@@ -78,6 +78,8 @@ def _import_torch_api_on_mindspore():
     layers = installed_layers()
     if layers and layers[0].startswith("mindtorch"):
         _synchronous_launch(mindspore)
+    if "mindtorch" in layers:
+        shims_ms27.before_import()
     if "mindtorch.torch" in layers:
         try:
             shims.apply()
@@ -96,7 +98,7 @@ def _import_torch_api_on_mindspore():
         if layer == "mindtorch.torch":
             shims.apply_after_import(torch)
         elif layer == "mindtorch":
-            shims.apply_mindtorch(torch)
+            shims_ms27.apply(torch)
         shims.fix_tensor_metaclass(torch)  # MSAdapter: an out-of-bounds read that crashes now and then
         return torch, nn, F, layer, _layer_version(layer)
     raise UserError("no torch-API layer for MindSpore imports (%s); install msadapter==0.1.0 "
