@@ -77,7 +77,7 @@ def _import_torch_api_on_mindspore():
     errors = []
     layers = installed_layers()
     if layers and layers[0].startswith("mindtorch"):
-        _synchronous_launch(mindspore)
+        _synchronous_launch(mindspore, layers[0])
     if "mindtorch" in layers:
         shims_ms27.before_import()
     if "mindtorch.torch" in layers:
@@ -105,17 +105,23 @@ def _import_torch_api_on_mindspore():
                     "(see requirements.txt)" % ("; ".join(errors) or "none installed"))
 
 
-def _synchronous_launch(mindspore):
-    """MindSpore 2.6 (the mindtorch stack): PyNative mode with synchronous op launch, set before the first op
-    runs (the torch-API layer's import and `shims.apply_after_import` run ops). By default 2.6 hands every op
-    to a launch thread, which on a machine with few cores competes with the kernels. Set after any op has run,
-    the setting does not take: then every op of the older kind (an `Assign`, as optimizer, fast-weight and
-    running-statistics updates run) waits for the launch thread to catch up, and a step's many small updates
-    cost more than its kernels (docs/mindtorch.md). Not on MindSpore 2.0 (MSAdapter): its launch stays
+def _synchronous_launch(mindspore, layer):
+    """MindSpore 2.6 and 2.7 (the two mindtorch stacks): PyNative mode with synchronous op launch, set before the
+    first op runs (the torch-API layer's import and `shims.apply_after_import` run ops). By default they hand
+    every op to a launch thread, which on a machine with few cores competes with the kernels. Set after any op
+    has run, the setting does not take: then every op of the older kind (an `Assign`, as optimizer, fast-weight
+    and running-statistics updates run) waits for the launch thread to catch up, and a step's many small
+    updates cost more than its kernels (docs/mindtorch.md; on 2.7 the op-by-op demo basic step took 4-7x as
+    long with the launch thread, docs/ms27.md). 2.7 names the setting `mindspore.runtime.launch_blocking()`
+    (its `set_context` keyword is deprecated there). Not on MindSpore 2.0 (MSAdapter): its launch stays
     MindSpore's default, which that stack's tests and figures (docs/performance.md) are taken with."""
     if is_mindspore_2_0():
         return
-    mindspore.set_context(mode=mindspore.PYNATIVE_MODE, pynative_synchronize=True)
+    mindspore.set_context(mode=mindspore.PYNATIVE_MODE)
+    if layer == "mindtorch":
+        mindspore.runtime.launch_blocking()
+    else:
+        mindspore.set_context(pynative_synchronize=True)
 
 
 def is_mindtorch_proxy(module):

@@ -100,8 +100,9 @@ def _device_or_context(tensor):
 def _move_to_same_device(torch):
     """mindtorch's `Tensor.to('cpu')` (and `.to(device=...)`, `.cpu()`) copies the tensor through numpy even
     when it is on the CPU already: the copy is a new leaf, so whatever was computed before it has no gradient
-    any more (`(a - b).to(a.device)` differentiates to zero). A move to the device a tensor is on is the
-    tensor itself, as in torch."""
+    any more. The layer's binary ops (`a - b`, `a + b`, ...) first move both operands to their common device
+    that way, so the gradient of `a - b` of two CPU tensors is zero too. A move to the device a tensor is on
+    is the tensor itself, as in torch."""
     classes = _patched_classes(torch, "_move_to")
     if not classes or getattr(vars(torch.Tensor)["_move_to"], "compat_original", None) is not None:
         return None

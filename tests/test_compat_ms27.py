@@ -137,7 +137,7 @@ def test_a_move_to_the_device_a_tensor_is_on_keeps_its_gradient():
     torch, shims = _ms27()
     a, b = np.array([3.0, 1.0], np.float32), np.array([1.0, 2.0], np.float32)
 
-    def moved_difference(x, y):
+    def moved_difference(x, y):   # the layer's `-` moves both operands to their device first
         return ((x - y).to(x.device) ** 2).sum()
 
     original = torch.Tensor._move_to.compat_original
@@ -322,3 +322,36 @@ def test_a_stack_without_graphs_runs_op_by_op_and_refuses_compiled_engines(synth
     for engine in ("compiled", "onnx", "mindir"):
         with pytest.raises(compat.UserError, match="engine %s compiles the network" % engine):
             FeatureExtractor(config=str(ROOT / "configs" / "synthetic" / "acl.yml"), weights=weights, engine=engine)
+
+
+def test_ops_launch_synchronously():
+    """compat.backend asks MindSpore 2.7 for synchronous op launch before the layer's import runs any op (with
+    the launch thread the op-by-op step was several times slower on 2 cores: docs/ms27.md)."""
+    _ms27()
+    from mindspore._c_expression import RuntimeConf
+    assert RuntimeConf.get_instance().is_launch_blocking()
+
+
+def test_devices_map_to_mindspore_2_7s_device_api(monkeypatch):
+    """--device ascend / gpu on MindSpore 2.7: `mindspore.set_device` (only when the target changes: 2.7 refuses
+    any call once an op ran) and the layer's default device label ('npu' / 'cuda'). Here (a CPU-only build) the
+    device calls are recorded by stand-ins; the real ones are one-line errors."""
+    torch, _ = _ms27()
+    import mindspore
+    from mindtorch._bind import get_default_device
+    calls = []
+    monkeypatch.setattr(mindspore, "set_device", lambda target, device_id=None: calls.append(target))
+    monkeypatch.setattr(mindspore, "get_context", lambda key: "CPU" if key == "device_target" else None)
+    try:
+        assert compat.set_device("npu") == "ascend" and calls == ["Ascend"] and get_default_device().type == "npu"
+        assert compat.set_device("cuda") == "gpu" and calls[-1] == "GPU" and get_default_device().type == "cuda"
+        assert compat.set_device("cpu") == "cpu" and len(calls) == 2   # already the target: not passed on
+    finally:
+        monkeypatch.undo()
+        compat.set_device("cpu")
+    assert get_default_device().type == "cpu" and compat.as_tensor(np.ones(2, np.float32)).device.type == "cpu"
+    for key in ("gpu", "ascend"):
+        with pytest.raises(compat.UserError, match="device '%s' is not available to this MindSpore install" % key):
+            compat.set_device(key)
+    assert compat.current_device() == "cpu"
+    assert float(compat.to_numpy((compat.as_tensor(np.ones(2, np.float32)) * 2).sum())) == 4.0
