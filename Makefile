@@ -1,7 +1,8 @@
-# Three environments, created inside the repo and git-ignored:
+# Four environments, created inside the repo and git-ignored:
 #   .venv            Python 3.9 + MindSpore 2.0.0 + MSAdapter 0.1.0 (the default backend)
 #   .venv-torch      Python 3.11 + torch 2.13.0 CPU (the reference backend and parity oracle)
 #   .venv-mindtorch  Python 3.9 + MindSpore 2.6.0.dev20250323 (PyPI pre-release) + mindtorch 0.4.0
+#   .venv-ms27       Python 3.11 + MindSpore 2.7.0 (stable) + mindnlp 0.5.1's mindtorch
 # Each is (re)installed only when its requirements file changes (a stamp file inside the venv).
 SHELL := /bin/bash
 PY39  ?= $(shell tools/find_python.sh 3.9)
@@ -9,15 +10,18 @@ PY311 ?= $(shell tools/find_python.sh 3.11)
 MS_PY    := .venv/bin/python
 TORCH_PY := .venv-torch/bin/python
 MT_PY    := .venv-mindtorch/bin/python
+MS27_PY  := .venv-ms27/bin/python
 PYTEST_ARGS ?=
 DEMO_CONFIG ?= configs/synthetic/acl.yml
 
-.PHONY: test-compiled test-dist test-mindtorch setup setup-ms setup-torch setup-mindtorch demo test bench clean-venvs
+.PHONY: test-compiled test-dist test-mindtorch test-ms27 setup setup-ms setup-torch setup-mindtorch setup-ms27 demo \
+	test bench clean-venvs
 
-setup: setup-ms setup-torch setup-mindtorch
+setup: setup-ms setup-torch setup-mindtorch setup-ms27
 setup-ms: .venv/.reqs-stamp
 setup-torch: .venv-torch/.reqs-stamp
 setup-mindtorch: .venv-mindtorch/.reqs-stamp
+setup-ms27: .venv-ms27/.reqs-stamp
 
 .venv/.reqs-stamp: requirements.txt
 	@test -x $(MS_PY) || $(PY39) -m venv .venv
@@ -35,16 +39,31 @@ setup-mindtorch: .venv-mindtorch/.reqs-stamp
 	$(MT_PY) -m pip install -q --disable-pip-version-check -r requirements-mindtorch.txt
 	@touch $@
 
+# mindnlp (which ships the torch-API layer, the top-level `mindtorch`) goes in without its dependencies: its own
+# pin, mindspore<=2.7.0, and its NLP dependencies are not what the layer needs (docs/install.md).
+.venv-ms27/.reqs-stamp: requirements-ms27.txt requirements-ms27-nodeps.txt
+	@test -x $(MS27_PY) || $(PY311) -m venv .venv-ms27
+	$(MS27_PY) -m pip install -q --disable-pip-version-check -r requirements-ms27.txt
+	$(MS27_PY) -m pip install -q --disable-pip-version-check --no-deps -r requirements-ms27-nodeps.txt
+	@touch $@
+
 # The main job: train ACL briefly on 3 built-in synthetic domains, evaluate on the 4th (MindSpore backend).
-# STACK picks the MindSpore stack: msadapter (the default: .venv, MindSpore 2.0.0) or mindtorch (.venv-mindtorch,
-# MindSpore 2.6.0.dev; docs/mindtorch.md); each sets up its own environment first.
+# STACK picks the MindSpore stack: msadapter (the default: .venv, MindSpore 2.0.0), ms27 (.venv-ms27, stable
+# MindSpore 2.7.0 with mindnlp's mindtorch; docs/ms27.md) or mindtorch (.venv-mindtorch, MindSpore 2.6.0.dev;
+# docs/mindtorch.md); each sets up its own environment first.
 STACK ?= msadapter
-DEMO_STACKS := msadapter mindtorch
+DEMO_STACKS := msadapter ms27 mindtorch
 ifeq ($(filter $(STACK),$(DEMO_STACKS)),)
 $(error unknown STACK=$(STACK); use one of: $(DEMO_STACKS))
 endif
-DEMO_PY := $(if $(filter mindtorch,$(STACK)),$(MT_PY),$(MS_PY))
-demo: $(if $(filter mindtorch,$(STACK)),setup-mindtorch,setup-ms)
+STACK_PY_msadapter := $(MS_PY)
+STACK_PY_ms27 := $(MS27_PY)
+STACK_PY_mindtorch := $(MT_PY)
+STACK_SETUP_msadapter := setup-ms
+STACK_SETUP_ms27 := setup-ms27
+STACK_SETUP_mindtorch := setup-mindtorch
+DEMO_PY := $(STACK_PY_$(STACK))
+demo: $(STACK_SETUP_$(STACK))
 	REID_BACKEND=mindspore $(DEMO_PY) train.py --config-file $(DEMO_CONFIG)
 
 # Lint (ruff from the torch env, configured in pyproject.toml), then the whole suite on both backends.
@@ -104,7 +123,7 @@ bench: setup
 	REID_BACKEND=mindspore $(MS_PY) bench/dist.py
 
 clean-venvs:
-	rm -rf .venv .venv-torch .venv-mindtorch
+	rm -rf .venv .venv-torch .venv-mindtorch .venv-ms27
 
 # Compiled training steps (MODEL.JIT) with two DataParallel chunks against op-by-op MindSpore and torch (the
 # single-split compiled steps, what the demo runs, are compared in `make test`): a few minutes on an idle

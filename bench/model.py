@@ -25,7 +25,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from bench.timing import layer_name, median_seconds, on_both_backends, stack_variants  # noqa: E402
+from bench.timing import check_compiled, layer_name, median_seconds, on_both_backends, stack_variants  # noqa: E402
 
 SIZES = {
     "demo": dict(width=8, depth="26x", height=64, batch=64, splits=1, classes=[100, 100, 100]),
@@ -62,6 +62,8 @@ def measure(width, depth, height, batch, splits, classes, repeats, parts=TRAIN_P
     cfg.TEST.JIT = bool(jit)
     np.random.seed(0)
     model = build_model(cfg)
+    if jit:
+        check_compiled(model.jit_eval, "TEST.JIT")
     model.train()
     images = compat.as_tensor((np.random.RandomState(1).rand(batch, 3, height, height // 2) * 255).astype(np.float32))
     params = [p for _, p in model.named_parameters() if p.requires_grad]
@@ -117,7 +119,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--eval-only", action="store_true", help="only the eval-forward rows")
     parser.add_argument("--threads", type=int, default=0, help="kernel threads of both frameworks (0: defaults)")
-    parser.add_argument("--stacks", default="", help="MindSpore stacks to time: msadapter,mindtorch (default: "
+    parser.add_argument("--stacks", default="", help="MindSpore stacks to time: msadapter,ms27,mindtorch (default: "
                         "this environment's)")
     args = parser.parse_args()
     # per MindSpore stack: op by op and compiled; torch last

@@ -23,7 +23,16 @@ def median_seconds(named_calls, repeats):
 # The MindSpore stacks by their environment (docs/install.md): `--stacks` times each against torch in
 # one run. Without it the MindSpore side is the interpreter running the benchmark when it has MindSpore (so
 # the mindtorch stack from .venv-mindtorch), else .venv.
-STACK_ENVS = {"msadapter": ".venv", "mindtorch": ".venv-mindtorch"}
+STACK_ENVS = {"msadapter": ".venv", "ms27": ".venv-ms27", "mindtorch": ".venv-mindtorch"}
+
+
+def check_compiled(compiled, setting):
+    """Stop a variant run as compiled (`setting` True) that this stack runs op by op (compat.jit.graphs_supported):
+    its figures must never pass for compiled ones."""
+    import compat
+    if compat.IS_MINDSPORE and not compiled:
+        raise compat.UserError("%s True runs op by op on the %s stack (compat.jit.graphs_supported): leave its "
+                               "compiled variants out" % (setting, compat.STACK))
 
 
 def size_args(doc, sizes, default=None, extra=None):

@@ -198,10 +198,27 @@ def _direct_construct(model):
             cls.construct = forward
 
 
+def graphs_supported():
+    """Whether this stack runs compiled execution (`compiled`, `value_and_grad`, and the exports that compile
+    the network): torch (eagerly), MSAdapter on MindSpore 2.0 and mindtorch 0.4 on 2.6. Not (yet) the
+    MindSpore 2.7 stack: `mindspore.jit` fails to parse mindnlp mindtorch's `Module.__call__` ("Unsupported
+    statement 'Try'"), so there MODEL.JIT / TEST.JIT run op by op and the compiled engines are one-line errors
+    (docs/ms27.md). The hook for that stack's compiled path: this line, then its tests (the Makefile's
+    MS27_PENDING)."""
+    return not (_c.IS_MINDSPORE and _c.LAYER == "mindtorch")
+
+
+def _require_graphs():
+    if not graphs_supported():
+        raise _c.UserError("compiled execution (MindSpore graph mode) is not available on the %s stack (%s %s on "
+                        "MindSpore %s; docs/ms27.md); run op by op: MODEL.JIT False TEST.JIT False"
+                        % (_c.STACK, _c.LAYER, _c.info()["torch_api_version"], _c.info()["framework_version"]))
+
+
 def steps_supported():
-    """Whether compiled training steps (MODEL.JIT) build on this stack: on both MindSpore stacks (on 2.6 through
-    `stateless_steps`)."""
-    return _c.IS_MINDSPORE
+    """Whether compiled training steps (MODEL.JIT) build on this stack: on both older MindSpore stacks (on 2.6
+    through `stateless_steps`); see graphs_supported."""
+    return _c.IS_MINDSPORE and graphs_supported()
 
 
 def stateless_steps():
@@ -698,6 +715,7 @@ def compiled(fn, name, owner=None, key=None):
     kept in the compile cache when `set_cache_dir` named one."""
     if not _c.IS_MINDSPORE:
         return fn
+    _require_graphs()
 
     @functools.wraps(fn)
     def graph_fn(*args):
@@ -729,6 +747,7 @@ def value_and_grad(fn, params, name, state=()):
     params, state = list(params), list(state)
     if not _c.IS_MINDSPORE:
         return _c.value_and_grad(fn, params)
+    _require_graphs()
     import mindspore
     torch = _c.torch
     stateless = stateless_steps()
