@@ -132,9 +132,27 @@ _COMPILED_FORMS = []
 
 
 def _swap_forms(graph):
-    """Put every registered compiled form (graph True) or the method itself (False) in place."""
+    """Put every registered compiled form (graph True) or the method itself (False) in place; on the ms27 stack
+    also the torch-API layer's graph forms (compat/graph_ms27.py)."""
     for owner, name, fn, graph_fn in _COMPILED_FORMS:
         setattr(owner, name, graph_fn if graph else fn)
+    if _c.LAYER == "mindtorch":
+        from compat import graph_ms27
+        graph_ms27.swap(graph)
+
+
+@contextlib.contextmanager
+def building(grad=False):
+    """Around MindSpore's parse of the project's code (a compiled function's first call; on the ms27 stack also
+    an export): `in_graph()` True (`grad`: `state_through_gradients()` too), the compiled forms in place and, on
+    the ms27 stack, the torch-API layer's graph forms (compat/graph_ms27.py)."""
+    set_building(True, grad)
+    _swap_forms(True)
+    try:
+        yield
+    finally:
+        set_building(False, False)
+        _swap_forms(False)
 
 
 def state_buffer(array):
@@ -160,8 +178,19 @@ def prepare(model):
             if p.name != name:
                 p.name = name
             _materialise(p)
+        elif _is_graph_weight(p):
+            # mindnlp's mindtorch (ms27): its Parameter is a Tensor that graphs take for a weight by MindSpore's
+            # marker and its `param_info` (named by a random uuid, and read-only through `name`)
+            p.param_info.name = name
+            _materialise(p)
     _direct_construct(model)
     return model
+
+
+def _is_graph_weight(t):
+    """Whether a graph reads tensor `t` as a weight (a Parameter to MindSpore's parser) although it is not a
+    `mindspore.Parameter`: the ms27 layer's Parameter class."""
+    return hasattr(t, "__parameter__") and hasattr(t, "param_info")
 
 
 def _materialise(p):
@@ -200,12 +229,9 @@ def _direct_construct(model):
 
 def graphs_supported():
     """Whether this stack runs compiled execution (`compiled`, `value_and_grad`, and the exports that compile
-    the network): torch (eagerly), MSAdapter on MindSpore 2.0 and mindtorch 0.4 on 2.6. Not (yet) the
-    MindSpore 2.7 stack: `mindspore.jit` fails to parse mindnlp mindtorch's `Module.__call__` ("Unsupported
-    statement 'Try'"), so there MODEL.JIT / TEST.JIT run op by op and the compiled engines are one-line errors
-    (docs/ms27.md). The hook for that stack's compiled path: this line, then its tests (the Makefile's
-    MS27_PENDING)."""
-    return not (_c.IS_MINDSPORE and _c.LAYER == "mindtorch")
+    the network): every stack (torch eagerly; on the ms27 stack through the layer's graph forms,
+    compat/graph_ms27.py)."""
+    return True
 
 
 def _require_graphs():
@@ -369,7 +395,7 @@ def _weights(owner):
     import mindspore
     weights = {}
     for _, p in list(owner.named_parameters()) + list(owner.named_buffers()):
-        if isinstance(p, mindspore.Parameter):
+        if isinstance(p, mindspore.Parameter) or _is_graph_weight(p):
             weights[p.name] = p
     return weights
 
@@ -646,14 +672,16 @@ class _Timed:
         self.signature, self.others = None, {}
 
     def __call__(self, *args):
-        if self.phase is not None:
-            signature = _signature(args)
-            if signature == self.signature:
-                return _run_built(self.phase, args)
-            if signature not in self.others:
-                self.others[signature] = _Timed(self.jitted, self.name, self.owner, self.key)
-            return self.others[signature](*args)
         if self.compile_seconds is not None:
+            signature = _signature(args)
+            if signature != self.signature:
+                # another input signature is another graph, built (with the graph forms in place) by a _Timed
+                # of its own
+                if signature not in self.others:
+                    self.others[signature] = _Timed(self.jitted, self.name, self.owner, self.key, self.grad)
+                return self.others[signature](*args)
+            if self.phase is not None:
+                return _run_built(self.phase, args)
             return self.jitted(*args)
         self.signature = _signature(args)
         from mindspore.common.api import ms_compile_cache
@@ -665,21 +693,19 @@ class _Timed:
         folder = _cache_on(self.name, self.owner, self.key, args)
         before = _cache_files(folder) if folder else {}
         note = "; cached in %s" % folder if folder else ""
-        set_building(True, self.grad)
-        _swap_forms(True)
         try:
-            out = self.jitted(*args)
-        except RuntimeError as exc:
-            if folder is None or "export" not in str(exc):
-                raise
-            # MindSpore could not write this graph to the cache (e.g. "Cannot export a interpret node in
-            # MindIR"): build it again without the cache
-            _cache_off()
-            folder, note = None, "; not cacheable (%s)" % str(exc).strip().splitlines()[0]
-            out = self.jitted(*args)
+            with building(self.grad):
+                try:
+                    out = self.jitted(*args)
+                except RuntimeError as exc:
+                    if folder is None or "export" not in str(exc):
+                        raise
+                    # MindSpore could not write this graph to the cache (e.g. "Cannot export a interpret node
+                    # in MindIR"): build it again without the cache
+                    _cache_off()
+                    folder, note = None, "; not cacheable (%s)" % str(exc).strip().splitlines()[0]
+                    out = self.jitted(*args)
         finally:
-            set_building(False, False)
-            _swap_forms(False)
             if folder is not None:
                 _cache_off()
         built = set(ms_compile_cache) - phases_before
