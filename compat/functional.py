@@ -18,6 +18,9 @@ def normalize(x, p=2.0, dim=1, eps=1e-12):
 def vector_norm(x, p=2.0, dim=1):
     """||x||_p over `dim`, keepdim. Compiled on MindSpore, `torch.norm` would run as interpreted Python (and
     fail): there it is the same maths from elementwise ops and a sum, whose gradient is right away from 0."""
+    if in_graph() and _c.LAYER == "mindtorch" and float(p).is_integer() and p > 0:
+        # the ms27 layer's own kernel for torch.norm (LpNorm): compiled and op by op round alike
+        return _lp_norm_c(dim, p)(x)
     if in_graph():  # compiled, the torch-API layer's reductions run as interpreted Python: MindSpore's ops
         from_ms = _c.torch.cast_to_adapter_tensor
         if p == 2.0:
@@ -35,6 +38,17 @@ def arange_like(n, like):
     if _c.IS_MINDSPORE:
         return _c.torch.arange(n)
     return _c.torch.arange(n, device=like.device)
+
+
+def _lp_norm(dim, p):
+    """The LpNorm primitive of (dim, integral p), keeping dims, made once per configuration."""
+    key = (int(dim), int(p))
+    if key not in _LP_NORMS:
+        _LP_NORMS[key] = _ms_P.LpNorm(axis=int(dim), p=int(p), keep_dims=True, epsilon=1e-12)
+    return _LP_NORMS[key]
+
+
+_LP_NORMS = {}
 
 
 def max_values(x, dim):
@@ -95,3 +109,4 @@ if _c.IS_MINDSPORE:
     from mindspore.ops import operations as _ms_P
     from mindspore.ops._primitive_cache import _get_cache_prim as _prim_cache
     _SUM_KEEPDIM = _ms_ops.ReduceSum(keep_dims=True)
+    _lp_norm_c = _ms_ops.constexpr(_lp_norm, check=False)

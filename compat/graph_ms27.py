@@ -25,6 +25,8 @@ build; tools/ms27_defects.py shows the layer's).
 A function missing here fails the build with MindSpore's parse error pointing at the layer's `execute`:
 add its form (and a case to tests/test_compiled.py).
 """
+import numpy as np
+
 import compat as _c
 
 _SAVED = []   # (owner, name, layer's attribute) while the forms are in place
@@ -89,50 +91,67 @@ _ABSENT = object()
 
 
 # ----------------------------------------------------------------------------------------------- the forms
-# torch's signatures; the arguments compiled code passes must be the graph's constants where MindSpore wants
+# torch's signatures, computed by the primitives the layer runs op by op for the same call (so a graph and
+# op by op run the same kernels: MindSpore's newer functional ops, e.g. `ops.matmul`, are other kernels that
+# round differently); the arguments compiled code passes must be the graph's constants where MindSpore wants
 # them (dims, class counts, conv configuration)
 TORCH = ("cat", "exp", "log", "log1p", "sigmoid", "sqrt", "isinf", "matmul", "bmm", "arange")
 FUNCTIONAL = ("conv2d", "linear", "relu", "softmax", "log_softmax", "one_hot", "max_pool2d")
 
 
 def torch_cat(tensors, dim=0):
-    return _ops.concat(tensors, dim)
+    return _prim_c("Concat", dim)(tensors)
 
 
 def torch_exp(input):
-    return _ops.exp(input)
+    return _EXP(input)
 
 
 def torch_log(input):
-    return _ops.log(input)
+    return _LOG(input)
 
 
 def torch_log1p(input):
-    return _ops.log1p(input)
+    return _LOG1P(input)
 
 
 def torch_sigmoid(input):
-    return _ops.sigmoid(input)
+    return _SIGMOID(input)
 
 
 def torch_sqrt(input):
-    return _ops.sqrt(input)
+    return _SQRT(input)
 
 
 def torch_isinf(input):
-    return _ops.isinf(input)
+    return _ISINF(input)
 
 
 def torch_matmul(input, other):
-    return _ops.matmul(input, other)
+    """The layer's matmul: MatMul of 2-D operands (a batch of same-rank operands: BatchMatMul; a higher-rank
+    operand against a 2-D one: flattened to 2-D and back)."""
+    if len(input.shape) > 2 and len(input.shape) == len(other.shape):
+        return _BATCH_MATMUL(input, other)
+    if len(input.shape) > 2:
+        out = _MATMUL(input.reshape(-1, input.shape[-1]), other)
+        return out.reshape(input.shape[:-1] + (other.shape[-1],))
+    if len(other.shape) > 2:
+        out = _MATMUL(input, other.reshape(-1, other.shape[-1]))
+        return out.reshape(other.shape[:-1] + (out.shape[-1],))
+    return _MATMUL(input, other)
 
 
 def torch_bmm(input, mat2):
-    return _ops.bmm(input, mat2)
+    return _BATCH_MATMUL(input, mat2)
 
 
 def torch_arange(end):
-    return _ops.arange(end)
+    """int64 0..end-1 as the layer's (which takes it from numpy): a constant of the graph."""
+    return _arange_c(end)
+
+
+def _arange(end):
+    return _ms.Tensor(np.arange(int(end), dtype=np.int64))
 
 
 def F_conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
@@ -140,46 +159,52 @@ def F_conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1
 
 
 def F_linear(input, weight, bias=None):
-    if len(input.shape) == 2:
-        return _g.graph_linear(input, weight, bias)
-    y = _ops.matmul(input, weight.T)
-    if bias is not None:
-        y = y + bias
-    return y
+    return _DENSE(input, weight, bias)
 
 
 def F_relu(input, inplace=False):
     return _g._RELU(input)
 
 
-def F_softmax(input, dim=None, _stacklevel=3, dtype=None):
+def F_softmax(input, dim=-1, dtype=None):
     return _g.graph_softmax(input, dim)
 
 
-def F_log_softmax(input, dim=None, _stacklevel=3, dtype=None):
-    return _ops.log_softmax(input, dim)
+def F_log_softmax(input, dim=None, dtype=None):
+    return _prim_c("LogSoftmax", dim)(input)
 
 
 def F_one_hot(tensor, num_classes=-1):
-    """int64 as torch's (callers cast)."""
-    hot = _ops.one_hot(tensor, num_classes, _ONE, _ZERO)
-    return _ops.cast(hot, _mstype.int64)
+    """int64 (the input's dtype) as torch's; callers cast."""
+    return _prim_c("OneHot", -1)(tensor, num_classes, _ops.cast(_ON, tensor.dtype), _ops.cast(_OFF, tensor.dtype))
 
 
 def F_max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
-    return _max_pool_c(kernel_size, stride, padding)(input)
+    """Floor mode, no padding or indices: what the exported network runs."""
+    return _prim_c("MaxPool", kernel_size, stride if stride is not None else kernel_size)(input)
 
 
-def _max_pool(kernel_size, stride, padding):
-    """MaxPool of one configuration (floor mode, no indices; padding 0 only: what the exported network runs)."""
-    return _P.MaxPool(kernel_size=kernel_size, strides=stride if stride is not None else kernel_size,
-                      pad_mode="valid")
+def _prim(name, *attrs):
+    """The primitive `name` with constructor arguments `attrs` (MaxPool: kernel and stride, valid padding),
+    made once per configuration (while a graph is built: one constant node)."""
+    key = (name,) + attrs
+    if key not in _PRIMS:
+        if name == "MaxPool":
+            _PRIMS[key] = _P.MaxPool(kernel_size=attrs[0], strides=attrs[1], pad_mode="valid")
+        else:
+            _PRIMS[key] = getattr(_P, name)(*attrs)
+    return _PRIMS[key]
 
+
+_PRIMS = {}
 
 if _c.IS_MINDSPORE:
+    import mindspore as _ms
     from mindspore import ops as _ops
-    from mindspore.common import dtype as _mstype
     from mindspore.ops import operations as _P
     from compat import graph_ops as _g
-    _ONE, _ZERO = 1.0, 0.0
-    _max_pool_c = _ops.constexpr(_max_pool, check=False)
+    _EXP, _LOG, _LOG1P, _SIGMOID, _SQRT, _ISINF = _P.Exp(), _P.Log(), _P.Log1p(), _P.Sigmoid(), _P.Sqrt(), _P.IsInf()
+    _MATMUL, _BATCH_MATMUL, _DENSE = _P.MatMul(), _P.BatchMatMul(), _P.Dense()
+    _ON, _OFF = _ms.Tensor(1, _ms.int64), _ms.Tensor(0, _ms.int64)
+    _prim_c = _ops.constexpr(_prim, check=False)
+    _arange_c = _ops.constexpr(_arange, check=False)
