@@ -111,8 +111,8 @@ def _synchronous_launch(mindspore, layer):
     every op to a launch thread, which on a machine with few cores competes with the kernels. Set after any op
     has run, the setting does not take: then every op of the older kind (an `Assign`, as optimizer, fast-weight
     and running-statistics updates run) waits for the launch thread to catch up, and a step's many small
-    updates cost more than its kernels (docs/mindtorch.md; on 2.7 the op-by-op demo basic step took 4-7x as
-    long with the launch thread, docs/ms27.md). 2.7 names the setting `mindspore.runtime.launch_blocking()`
+    updates cost more than its kernels (docs/mindtorch.md; on 2.7 the op-by-op step was several times slower
+    with the launch thread, docs/ms27.md). 2.7 names the setting `mindspore.runtime.launch_blocking()`
     (its `set_context` keyword is deprecated there). Not on MindSpore 2.0 (MSAdapter): its launch stays
     MindSpore's default, which that stack's tests and figures (docs/performance.md) are taken with."""
     if is_mindspore_2_0():

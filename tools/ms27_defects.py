@@ -164,9 +164,31 @@ def sgd():
     return "ok"
 
 
+def jit_module():
+    """`mindspore.jit` over a function that calls a module of the layer: MindSpore's graph parser meets the
+    `try` statement in the layer's `Module.__call__` and refuses it."""
+    import mindspore
+    torch = _layer()
+    linear = torch.nn.Linear(3, 2)
+
+    def forward(x):
+        return linear(x)
+
+    here = os.getcwd()
+    os.chdir(tempfile.mkdtemp(prefix="ms27-defects-"))  # a failed build writes rank_0/om/analyze_fail.ir here
+    try:
+        mindspore.jit(forward)(torch.tensor(np.ones((1, 3), np.float32)))
+    except Exception as exc:  # the defect: report it
+        return "DEFECT: mindspore.jit(lambda x: Linear(3, 2)(x)): %s: %s" % (type(exc).__name__,
+                                                                         str(exc).splitlines()[0][:150])
+    finally:
+        os.chdir(here)
+    return "ok"
+
+
 CASES = {"dtype-str": dtype_str, "device": device, "move-to": move_to, "vector-norm": vector_norm,
          "cross-entropy": cross_entropy, "batch-norm": batch_norm, "module-bprop": module_bprop,
-         "backward": backward, "sgd": sgd}
+         "backward": backward, "sgd": sgd, "jit-module": jit_module}
 
 
 def main():
