@@ -90,7 +90,7 @@ def _exportable(net):
                 swapped.append((module, name, p))
                 module._parameters[name] = q
     try:
-        with _c.jit.building():
+        with _c.jit.building(export=True):
             yield _NetCell(net, [module._parameters[name] for module, name, _ in swapped])
     finally:
         for module, name, p in reversed(swapped):

@@ -95,7 +95,7 @@ _ABSENT = object()
 # op by op run the same kernels: MindSpore's newer functional ops, e.g. `ops.matmul`, are other kernels that
 # round differently); the arguments compiled code passes must be the graph's constants where MindSpore wants
 # them (dims, class counts, conv configuration)
-TORCH = ("cat", "exp", "log", "log1p", "sigmoid", "sqrt", "isinf", "matmul", "bmm", "arange")
+TORCH = ("cat", "exp", "log", "log1p", "sigmoid", "sqrt", "isinf", "matmul", "bmm", "arange", "maximum")
 FUNCTIONAL = ("conv2d", "linear", "relu", "softmax", "log_softmax", "one_hot", "max_pool2d")
 
 
@@ -143,6 +143,10 @@ def torch_matmul(input, other):
 
 def torch_bmm(input, mat2):
     return _BATCH_MATMUL(input, mat2)
+
+
+def torch_maximum(input, other):
+    return _MAXIMUM(input, other)
 
 
 def torch_arange(end):
@@ -204,7 +208,7 @@ if _c.IS_MINDSPORE:
     from mindspore.ops import operations as _P
     from compat import graph_ops as _g
     _EXP, _LOG, _LOG1P, _SIGMOID, _SQRT, _ISINF = _P.Exp(), _P.Log(), _P.Log1p(), _P.Sigmoid(), _P.Sqrt(), _P.IsInf()
-    _MATMUL, _BATCH_MATMUL, _DENSE = _P.MatMul(), _P.BatchMatMul(), _P.Dense()
+    _MATMUL, _BATCH_MATMUL, _DENSE, _MAXIMUM = _P.MatMul(), _P.BatchMatMul(), _P.Dense(), _P.Maximum()
     _ON, _OFF = _ms.Tensor(1, _ms.int64), _ms.Tensor(0, _ms.int64)
     _prim_c = _ops.constexpr(_prim, check=False)
     _arange_c = _ops.constexpr(_arange, check=False)

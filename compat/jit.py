@@ -95,7 +95,8 @@ import numpy as np
 
 import compat as _c
 from compat.backend import is_mindspore_2_0
-from compat.graph_mode import eager_only, in_graph, set_building, state_through_gradients  # noqa: F401 (public here)
+from compat.graph_mode import (eager_only, exporting, in_graph, set_building,  # noqa: F401 (public here)
+                               state_through_gradients)
 
 _state = {"threads": None, "cache_dir": None, "source": None, "helper_thread": True, "helper": None}
 log = print  # replaced by callers that log elsewhere; the compile-time line is printed once per graph
@@ -142,11 +143,12 @@ def _swap_forms(graph):
 
 
 @contextlib.contextmanager
-def building(grad=False):
+def building(grad=False, export=False):
     """Around MindSpore's parse of the project's code (a compiled function's first call; on the ms27 stack also
-    an export): `in_graph()` True (`grad`: `state_through_gradients()` too), the compiled forms in place and, on
-    the ms27 stack, the torch-API layer's graph forms (compat/graph_ms27.py)."""
-    set_building(True, grad)
+    an export, `export` True): `in_graph()` True (`grad`: `state_through_gradients()` too; `export`:
+    `exporting()`), the compiled forms in place and, on the ms27 stack, the torch-API layer's graph forms
+    (compat/graph_ms27.py)."""
+    set_building(True, grad, export)
     _swap_forms(True)
     try:
         yield
