@@ -238,9 +238,10 @@ def graphs_supported():
 
 def _require_graphs():
     if not graphs_supported():
+        info = _c.info()
         raise _c.UserError("compiled execution (MindSpore graph mode) is not available on the %s stack (%s %s on "
-                        "MindSpore %s; docs/ms27.md); run op by op: MODEL.JIT False TEST.JIT False"
-                        % (_c.STACK, _c.LAYER, _c.info()["torch_api_version"], _c.info()["framework_version"]))
+                           "MindSpore %s; docs/ms27.md); run op by op: MODEL.JIT False TEST.JIT False"
+                           % (_c.STACK, _c.LAYER, info["torch_api_version"], info["framework_version"]))
 
 
 def steps_supported():

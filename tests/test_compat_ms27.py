@@ -324,6 +324,11 @@ def test_a_stack_without_graphs_runs_op_by_op_and_refuses_compiled_engines(synth
     for engine in ("compiled", "onnx", "mindir"):
         with pytest.raises(compat.UserError, match="engine %s compiles the network" % engine):
             FeatureExtractor(config=str(ROOT / "configs" / "synthetic" / "acl.yml"), weights=weights, engine=engine)
+    from compat.export import check_format
+    for fmt in ("onnx", "mindir"):
+        with pytest.raises(compat.UserError, match="exporting compiles the network"):
+            check_format(fmt)                              # tools/export.py, export_model
+        assert check_format(fmt, action="run") == fmt       # a file exported elsewhere still runs
 
 
 def test_ops_launch_synchronously():
