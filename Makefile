@@ -71,9 +71,8 @@ demo: $(STACK_SETUP_$(STACK))
 # numbers; the torch run repeats the backend-neutral tests on torch.
 # The MindSpore 2.7 run (ms27) repeats the MSAdapter suite but the numpy-only tests (config, datasets, samplers,
 # synthetic data, transforms: they do not touch the layer and run in the MSAdapter and torch suites) and the
-# docs checks, the 20-iteration step comparison included; until that stack compiles (compat.jit.graphs_supported,
-# docs/ms27.md) it leaves out the tests of what only compiled execution does (MS27_PENDING: whole files or
-# node-id prefixes), and runs everything else op by op.
+# docs checks, the 20-iteration step comparison (compiled against op by op and torch) and compiled execution and
+# export (tests/test_compiled.py, tests/test_export.py, tests/test_compiled_ms27.py) included.
 # The mindtorch 0.4 run (MindSpore 2.6.0.dev, kept while it is PyPI mindtorch's only home) repeats the tests of
 # the torch-API layer itself in `make test` (MT_QUICK_TESTS: compat, model, losses, evaluation and their parity
 # against torch); `make test-mindtorch` runs its whole list (MT_TESTS: compiled execution, the trainer and
@@ -88,12 +87,6 @@ MT_QUICK_TESTS := tests/test_compat_checkpoint.py tests/test_compat_custom_op.py
 MT_TESTS := $(MT_QUICK_TESTS) tests/test_compiled.py tests/test_training.py tests/test_retrieval.py
 MS27_LEFT_OUT := tests/test_config.py tests/test_datasets.py tests/test_samplers.py tests/test_synthetic.py \
 	tests/test_transforms.py tests/test_docs.py tests/test_compiled_steps.py
-MS27_PENDING := tests/test_compiled.py tests/test_export.py \
-	tests/test_compat_norm.py::test_instance_norm_compiled_equals_op_by_op \
-	tests/test_compat_functional.py::test_max_pool2d_ceil_matches_torch[compiled \
-	tests/test_retrieval.py::test_extractor_gives_test_py_features[compiled] \
-	tests/test_retrieval.py::test_extractor_gives_test_py_features[onnx] \
-	tests/test_retrieval.py::test_extractor_gives_test_py_features[mindir]
 #
 # The suites queue for TEST_JOBS make jobs (2, the default: one per core), longest first, each starting when a
 # job is free: the MSAdapter suite but its 20-iteration step comparison, the ms27 suite, the torch suite, the
@@ -114,9 +107,9 @@ suite-msadapter:
 	REID_ALLOW_MISSING_BACKEND= REID_BACKEND=mindspore $(MS_PY) -m pytest tests -q --ignore=tests/test_compiled_steps.py \
 		--deselect '$(STEP_COMPARISON)' -o cache_dir=.pytest_cache/msadapter $(PYTEST_ARGS)
 suite-ms27:
-	@echo "suite: mindtorch (mindnlp 0.5.1) on MindSpore 2.7, op by op, parity against torch included"
+	@echo "suite: mindtorch (mindnlp 0.5.1) on MindSpore 2.7, parity against torch included"
 	REID_ALLOW_MISSING_BACKEND= REID_BACKEND=mindspore $(MS27_PY) -m pytest tests -q \
-		$(addprefix --ignore=,$(MS27_LEFT_OUT)) $(foreach t,$(MS27_PENDING),--deselect '$(t)') \
+		$(addprefix --ignore=,$(MS27_LEFT_OUT)) \
 		-o cache_dir=.pytest_cache/ms27 $(PYTEST_ARGS)
 suite-torch:
 	@echo "suite: torch"

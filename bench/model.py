@@ -25,7 +25,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from bench.timing import check_compiled, layer_name, median_seconds, on_both_backends, stack_variants  # noqa: E402
+from bench.timing import layer_name, median_seconds, on_both_backends, stack_variants  # noqa: E402
 
 SIZES = {
     "demo": dict(width=8, depth="26x", height=64, batch=64, splits=1, classes=[100, 100, 100]),
@@ -62,8 +62,6 @@ def measure(width, depth, height, batch, splits, classes, repeats, parts=TRAIN_P
     cfg.TEST.JIT = bool(jit)
     np.random.seed(0)
     model = build_model(cfg)
-    if jit:
-        check_compiled(model.jit_eval, "TEST.JIT")
     model.train()
     images = compat.as_tensor((np.random.RandomState(1).rand(batch, 3, height, height // 2) * 255).astype(np.float32))
     params = [p for _, p in model.named_parameters() if p.requires_grad]

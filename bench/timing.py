@@ -26,15 +26,6 @@ def median_seconds(named_calls, repeats):
 STACK_ENVS = {"msadapter": ".venv", "ms27": ".venv-ms27", "mindtorch": ".venv-mindtorch"}
 
 
-def check_compiled(compiled, setting):
-    """Stop a variant run as compiled (`setting` True) that this stack runs op by op (compat.jit.graphs_supported):
-    its figures must never pass for compiled ones."""
-    import compat
-    if compat.IS_MINDSPORE and not compiled:
-        raise compat.UserError("%s True runs op by op on the %s stack (compat.jit.graphs_supported): leave its "
-                               "compiled variants out" % (setting, compat.STACK))
-
-
 def size_args(doc, sizes, default=None, extra=None):
     """The benchmarks' common command line: --sizes (comma-separated keys of `sizes`; all unless `default`),
     --repeats and --stacks; `extra(parser)` adds a benchmark's own options."""

@@ -43,8 +43,8 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from bench.timing import (check_compiled, layer_name, median_seconds, reset_peak_rss, run_isolated,  # noqa: E402
-                          size_args, stack_variants)
+from bench.timing import (layer_name, median_seconds, reset_peak_rss, run_isolated, size_args,  # noqa: E402
+                          stack_variants)
 from reid.config import augmentation_off_opts  # noqa: E402
 
 SIZES = {  # depths explicit: acl.yml (loaded below) is at the demo's 26x
@@ -107,8 +107,6 @@ def measure(overrides, root, repeats, jit=False, memory_level=None, steps=("basi
                                          "MODEL.JIT_HELPER_THREAD", str(bool(helper_thread))])
     compat.jit.set_helper_thread(cfg.MODEL.JIT_HELPER_THREAD)   # what train.py's configure_runtime does
     trainer = Trainer(cfg, quiet=True)
-    if jit:
-        check_compiled(trainer.compiled, "MODEL.JIT")
     trainer.iter = 1
     start = time.perf_counter()
     trainer.basic_step()

@@ -34,9 +34,6 @@ def check_format(fmt, action="export"):
         raise UserError("MindIR files can only be %s with the MindSpore backend (--backend mindspore); the torch "
                         "backend %s ONNX" % ("written" if action == "export" else "run",
                                              "writes" if action == "export" else "runs"))
-    if action == "export" and _c.IS_MINDSPORE and not _c.jit.graphs_supported():
-        raise UserError("exporting compiles the network, which the %s stack cannot do yet (docs/ms27.md); export "
-                        "from the MSAdapter stack (.venv) or the torch backend" % _c.STACK)
     return key
 
 

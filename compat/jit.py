@@ -229,25 +229,10 @@ def _direct_construct(model):
             cls.construct = forward
 
 
-def graphs_supported():
-    """Whether this stack runs compiled execution (`compiled`, `value_and_grad`, and the exports that compile
-    the network): every stack (torch eagerly; on the ms27 stack through the layer's graph forms,
-    compat/graph_ms27.py)."""
-    return True
-
-
-def _require_graphs():
-    if not graphs_supported():
-        info = _c.info()
-        raise _c.UserError("compiled execution (MindSpore graph mode) is not available on the %s stack (%s %s on "
-                           "MindSpore %s; docs/ms27.md); run op by op: MODEL.JIT False TEST.JIT False"
-                           % (_c.STACK, _c.LAYER, info["torch_api_version"], info["framework_version"]))
-
-
 def steps_supported():
-    """Whether compiled training steps (MODEL.JIT) build on this stack: on both older MindSpore stacks (on 2.6
-    through `stateless_steps`); see graphs_supported."""
-    return _c.IS_MINDSPORE and graphs_supported()
+    """Whether compiled training steps (MODEL.JIT) build on this stack: on every MindSpore stack (on 2.6 and 2.7
+    through `stateless_steps`, on 2.7 with the layer's graph forms, compat/graph_ms27.py)."""
+    return _c.IS_MINDSPORE
 
 
 def stateless_steps():
@@ -744,7 +729,6 @@ def compiled(fn, name, owner=None, key=None):
     kept in the compile cache when `set_cache_dir` named one."""
     if not _c.IS_MINDSPORE:
         return fn
-    _require_graphs()
 
     @functools.wraps(fn)
     def graph_fn(*args):
@@ -776,7 +760,6 @@ def value_and_grad(fn, params, name, state=()):
     params, state = list(params), list(state)
     if not _c.IS_MINDSPORE:
         return _c.value_and_grad(fn, params)
-    _require_graphs()
     import mindspore
     torch = _c.torch
     stateless = stateless_steps()

@@ -56,8 +56,7 @@ def results():
 
 @pytest.fixture(scope="module")
 def compiled_results():
-    """The compiled cases, asked for by the compiled tests alone (a stack that cannot compile yet leaves them
-    out: the Makefile's MS27_PENDING)."""
+    """The compiled cases, asked for by the compiled tests alone."""
     return run_cases("mindspore", [("tests.test_compat_functional:case_compat", dict(shape=s, compiled=True))
                                    for s in SHAPES])
 

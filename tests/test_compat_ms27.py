@@ -302,35 +302,6 @@ def test_a_module_bprop_is_ignored_and_custom_op_uses_a_cell():
     np.testing.assert_allclose(g, [-3.0, -3.0])
 
 
-def test_a_stack_without_graphs_runs_op_by_op_and_refuses_compiled_engines(synth_root, tmp_path):
-    """Until the MindSpore 2.7 stack compiles (compat.jit.graphs_supported, the hook for its compiled path),
-    MODEL.JIT / TEST.JIT mean op by op there, and what can only run compiled is a one-line error."""
-    if not compat.IS_MINDSPORE or compat.jit.graphs_supported():
-        pytest.skip("this stack runs compiled execution (tests/test_compiled.py)")
-    from reid.deploy.extractor import FeatureExtractor, default_engine
-    from reid.engine.trainer import Trainer
-    from tests.test_training import _cfg
-    trainer = Trainer(_cfg(synth_root, str(tmp_path), ["MODEL.JIT", "True", "TEST.JIT", "True"]))
-    assert trainer.steps.compiled is False and trainer.model.jit_eval is False
-    with pytest.raises(compat.UserError, match="not available on the ms27 stack"):
-        compat.jit.compiled(lambda x: x, "identity")
-    with pytest.raises(compat.UserError, match="not available on the ms27 stack"):
-        compat.jit.value_and_grad(lambda x: x.sum(), [], "loss")
-    assert default_engine("weights", "mindspore", onnxruntime=True, graphs=False) == "eager"
-    from reid.engine.launch import backend_line
-    assert backend_line().endswith("op by op (MODEL.JIT / TEST.JIT: no compiled execution on the ms27 stack yet)")
-    weights = str(tmp_path / "w.pth")
-    compat.checkpoint.save(compat.checkpoint.state_dict(trainer.model), weights)
-    for engine in ("compiled", "onnx", "mindir"):
-        with pytest.raises(compat.UserError, match="engine %s compiles the network" % engine):
-            FeatureExtractor(config=str(ROOT / "configs" / "synthetic" / "acl.yml"), weights=weights, engine=engine)
-    from compat.export import check_format
-    for fmt in ("onnx", "mindir"):
-        with pytest.raises(compat.UserError, match="exporting compiles the network"):
-            check_format(fmt)                              # tools/export.py, export_model
-        assert check_format(fmt, action="run") == fmt       # a file exported elsewhere still runs
-
-
 def test_ops_launch_synchronously():
     """compat.backend asks MindSpore 2.7 for synchronous op launch before the layer's import runs any op (with
     the launch thread the op-by-op step was several times slower on 2 cores: docs/ms27.md)."""

@@ -179,8 +179,7 @@ def test_steps_match_between_backends(synth_root, tmp_path, splits, iterations):
     # float32 rounding, which 8-image kernels change (it is also this comparison's worst tensor: 0.25).
     extra = ["MODEL.NUM_SPLITS", str(splits), "SOLVER.MAX_EPOCH", "10", "MODEL.CHUNK_FORWARDS", "False"]
     extra += FULL_DEPTH if splits > 1 else []
-    # compiled steps where the stack builds them (all but the MindSpore 2.7 stack so far: compat.jit.graphs_supported)
-    compiled = splits == 1 and _mindspore_steps_compile()
+    compiled = splits == 1
     weights, pt, ms, *jit = teacher_forced_runs(synth_root, tmp_path, iterations, extra, compiled=compiled)
     plan = [k for it in range(iterations) for k in ["basic"] * (2 if it == 0 else 1) + ["meta"] * (it % 3 == 0)]
     assert ms["kinds"] == pt["kinds"] == plan
@@ -208,12 +207,6 @@ def test_steps_match_between_backends(synth_root, tmp_path, splits, iterations):
     moved = [n for n, v in pt["after"][-1].items() if not np.allclose(v, init[n])]
     assert len(moved) > 0.9 * len(pt["after"][-1])
     assert abs(pt["losses"][-2] - pt["losses"][0]) > 1e-2
-
-
-def _mindspore_steps_compile():
-    """Whether the MindSpore side of the parity runs (this environment's stack, or .venv's) builds compiled steps."""
-    import compat
-    return compat.jit.steps_supported() if compat.IS_MINDSPORE else True
 
 
 def teacher_forced_runs(synth_root, tmp_path, iterations, extra, compiled=False):

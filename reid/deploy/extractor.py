@@ -39,16 +39,13 @@ _NOT_IN_FEATURES = ("WEIGHTS", "DEVICE", "JIT", "JIT_SHARED_GRAPH", "JIT_HELPER_
                     "COMPILE_CACHE", "NUM_SPLITS", "CHUNK_FORWARDS", "LOSSES")
 
 
-def default_engine(given, backend, onnxruntime=None, graphs=True):
+def default_engine(given, backend, onnxruntime=None):
     """The engine `auto` picks. An exported file runs in its own format. Given weights: ONNX Runtime on files
     exported from them once (the fastest engine at both sizes and batch sizes on both backends:
     docs/retrieval.md#engines; the export costs about what building the compiled graph costs, and is kept)
-    where onnxruntime is installed, else the compiled graph on MindSpore and op by op on torch. On a MindSpore
-    stack that cannot compile (`graphs` False: compat.jit.graphs_supported), op by op."""
+    where onnxruntime is installed, else the compiled graph on MindSpore and op by op on torch."""
     if given in ("onnx", "mindir"):
         return given
-    if not graphs:
-        return "eager"
     if onnxruntime is None:
         import importlib.util
         onnxruntime = importlib.util.find_spec("onnxruntime") is not None
@@ -205,15 +202,10 @@ class FeatureExtractor:
 
     # ------------------------------------------------------------------------------------------- building
     def _from_weights(self, cfg, engine, flip):
-        import compat
-        graphs = compat.jit.graphs_supported()
-        self.engine = default_engine("weights", self.backend, graphs=graphs) if engine == "auto" else engine
+        self.engine = default_engine("weights", self.backend) if engine == "auto" else engine
         if self.engine == "compiled" and self.backend != "mindspore":
             raise UserError("engine compiled is MindSpore's graph mode; on the torch backend use engine eager (or "
                             "--backend mindspore)")
-        if self.engine in ("compiled", "onnx", "mindir") and not graphs:
-            raise UserError("engine %s compiles the network, which the %s stack cannot do yet (docs/ms27.md); use "
-                            "engine eager" % (self.engine, compat.STACK))
         if self.engine in ("onnx", "mindir"):
             from compat.export import check_format
             check_format(self.engine)

@@ -177,14 +177,10 @@ def launch_distributed(script, argv, cfg, args):
 
 
 def backend_line():
-    """The run's first line: backend, torch-API layer, framework, device, and on a MindSpore stack that cannot
-    compile yet that MODEL.JIT / TEST.JIT run op by op there."""
+    """The run's first line: backend, torch-API layer, framework, device."""
     import compat
-    line = ("backend %(backend)s (%(torch_api)s %(torch_api_version)s on %(framework)s %(framework_version)s), "
+    return ("backend %(backend)s (%(torch_api)s %(torch_api_version)s on %(framework)s %(framework_version)s), "
             "device %(device)s" % compat.info())
-    if compat.IS_MINDSPORE and not compat.jit.graphs_supported():
-        line += "; op by op (MODEL.JIT / TEST.JIT: no compiled execution on the %s stack yet)" % compat.STACK
-    return line
 
 
 def train(cfg, resume=False, progress=True):

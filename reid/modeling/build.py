@@ -4,7 +4,6 @@ from reid.modeling.backbones.resnet import ResNet, stage_blocks
 from reid.modeling.heads import MetaEmbeddingHead
 from reid.modeling.meta_arch import ReIDModel
 from reid.modeling.registry import BACKBONE_REGISTRY, HEAD_REGISTRY, META_ARCH_REGISTRY
-import compat
 from compat.errors import UserError
 
 
@@ -58,7 +57,7 @@ def graph_key(cfg):
 def _assemble(cfg, backbone, with_centers):
     heads = HEAD_REGISTRY.get(cfg.MODEL.HEADS.NAME)(cfg, backbone.feat_dim, with_centers)
     model = ReIDModel(backbone, heads, cfg.MODEL.PIXEL_MEAN, cfg.MODEL.PIXEL_STD, cfg.MODEL.NUM_SPLITS,
-                      jit_eval=cfg.TEST.JIT and compat.jit.graphs_supported(), graph_key=graph_key(cfg))
+                      jit_eval=cfg.TEST.JIT, graph_key=graph_key(cfg))
     if cfg.MODEL.BACKBONE.PRETRAIN:
         if cfg.MODEL.BACKBONE.DEPTH != "50x":
             raise UserError("MODEL.BACKBONE.PRETRAIN loads ResNet-50 weights but MODEL.BACKBONE.DEPTH is %r; set DEPTH "
