@@ -250,10 +250,15 @@ def enabled(flag):
 
 
 def swap_in(params, steps):
-    """Write p - step into every parameter (no gradient) and return copies of the old values for `restore`."""
+    """Write p - step into every parameter (no gradient) and return copies of the old values for `restore`.
+    On MindSpore one in-place `AssignSub` kernel per parameter (the same subtraction): not the layer's `-` then
+    an assign, two ops through the torch-API layer's Python (several times as long on the ms27 stack)."""
     saved = snapshot(params)
     for p, step in zip(params, steps):
-        _c.assign_(p, p - step)
+        if _c.IS_MINDSPORE:
+            _ms_ops.assign_sub(p, step)
+        else:
+            _c.assign_(p, p - step)
     return saved
 
 
