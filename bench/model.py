@@ -117,7 +117,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--eval-only", action="store_true", help="only the eval-forward rows")
     parser.add_argument("--threads", type=int, default=0, help="kernel threads of both frameworks (0: defaults)")
-    parser.add_argument("--stacks", default="", help="MindSpore stacks to time: msadapter,mindtorch (default: "
+    parser.add_argument("--stacks", default="", help="MindSpore stacks to time: msadapter,ms27,mindtorch (default: "
                         "this environment's)")
     args = parser.parse_args()
     # per MindSpore stack: op by op and compiled; torch last

@@ -26,7 +26,7 @@ _EXPORTS = {
     "eager_only": "jit", "state_buffer": "jit",
 }
 _SUBMODULES = ("optim", "schedules", "checkpoint", "data", "jit", "distributed")
-_BACKEND_NAMES = ("BACKEND", "IS_MINDSPORE", "LAYER", "IS_MINDTORCH", "torch", "nn", "F")
+_BACKEND_NAMES = ("BACKEND", "IS_MINDSPORE", "LAYER", "STACK", "IS_MINDTORCH", "torch", "nn", "F")
 _state = {"loading": False}
 
 
@@ -40,7 +40,9 @@ def _load():
         g.update(_info=info, BACKEND=info["name"], torch=info["torch"], nn=info["nn"], F=info["F"],
                  IS_MINDSPORE=info["name"] == "mindspore",
                  # LAYER: 'torch' | 'msadapter.pytorch' | 'mindtorch.torch' (0.4.0 on the MindSpore 2.6 pre-release)
-                 LAYER=info["layer"], IS_MINDTORCH=info["layer"] == "mindtorch.torch")
+                 # | 'mindtorch' (mindnlp 0.5.1's, on MindSpore 2.7); STACK: the Makefile's name of it
+                 # IS_MINDTORCH: the 0.4.0 stack only (its compiled paths); the 2.7 stack tests LAYER
+                 LAYER=info["layer"], STACK=info["stack"], IS_MINDTORCH=info["layer"] == "mindtorch.torch")
         if info["layer"] == "msadapter.pytorch":  # compiled, the hot functional ops skip the layer's wrappers
             g["F"] = importlib.import_module("compat.graph_ops").functional(info["F"])
         for name, module in _EXPORTS.items():
@@ -70,11 +72,12 @@ def __getattr__(name):
 
 
 def info():
-    """What is active: backend, torch-API layer and version, framework version, device."""
+    """What is active: backend, stack (the Makefile's STACK name), torch-API layer and version, framework
+    version, device."""
     if "_info" not in globals():
         _load()
     i = globals()["_info"]
-    return dict(backend=i["name"], torch_api=i["layer"], torch_api_version=i["layer_version"],
+    return dict(backend=i["name"], stack=i["stack"], torch_api=i["layer"], torch_api_version=i["layer_version"],
                 framework=i["framework"], framework_version=i["framework_version"],
                 device=globals()["current_device"]())
 

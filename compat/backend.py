@@ -1,10 +1,11 @@
 """Backend selection: the one place that decides which framework sits under the torch API.
 
-`REID_BACKEND` picks it (``mindspore``, the default, or ``torch``). Under MindSpore the torch-API layer is
-``mindtorch.torch`` when it imports cleanly, else ``msadapter.pytorch``. Two MindSpore stacks install from
-PyPI: MSAdapter 0.1.0 on MindSpore 2.0.0 (`.venv`) and mindtorch 0.4.0 on the MindSpore 2.6.0.dev pre-release
-(`.venv-mindtorch`, after the import shims of `compat/shims.py`). Entry points set the variable from
-``--backend`` before anything imports ``compat``.
+`REID_BACKEND` picks it (``mindspore``, the default, or ``torch``). Under MindSpore the torch-API layer is the
+one installed in the environment, in the order of `LAYERS`: the top-level ``mindtorch`` of the mindnlp 0.5.1
+wheel (on stable MindSpore 2.7, `.venv-ms27`), PyPI's ``mindtorch.torch`` 0.4.0 (on the MindSpore 2.6.0.dev
+pre-release, `.venv-mindtorch`, after the import shims of `compat/shims.py`), or ``msadapter.pytorch`` 0.1.0
+(on MindSpore 2.0.0, `.venv`). Entry points set the variable from ``--backend`` before anything imports
+``compat``.
 """
 import importlib
 import importlib.util
@@ -12,10 +13,14 @@ import multiprocessing
 import os
 import warnings
 
-from compat import shims
+from compat import shims, shims_ms27
 from compat.errors import UserError
 
 BACKENDS = ("mindspore", "torch")
+# The torch-API layers on MindSpore, in the order they are tried, and the stack each one is (the Makefile's
+# STACK names). An environment holds one of them; the order only matters where several are installed.
+LAYERS = ("mindtorch", "mindtorch.torch", "msadapter.pytorch")
+STACKS = {"mindtorch": "ms27", "mindtorch.torch": "mindtorch", "msadapter.pytorch": "msadapter", "torch": "torch"}
 
 
 def requested_backend():
@@ -24,6 +29,39 @@ def requested_backend():
         raise UserError(
             "unknown backend %r (from REID_BACKEND or --backend); use one of: %s" % (name, ", ".join(BACKENDS)))
     return name
+
+
+def installed_layers():
+    """The torch-API layers installed here, in `LAYERS` order, found from their files without importing them
+    (importing mindnlp's ``mindtorch`` redirects ``import torch`` to itself for the rest of the process)."""
+    found = []
+    spec = importlib.util.find_spec("mindtorch")
+    if spec is not None and spec.submodule_search_locations:
+        # PyPI's mindtorch 0.4 is a package holding ``mindtorch/torch``; mindnlp's is the torch module itself
+        nested = any(os.path.isdir(os.path.join(p, "torch")) for p in spec.submodule_search_locations)
+        found.append("mindtorch.torch" if nested else "mindtorch")
+    if importlib.util.find_spec("msadapter") is not None:
+        found.append("msadapter.pytorch")
+    return [layer for layer in LAYERS if layer in found]
+
+
+def _layer_version(layer):
+    """The layer's release: mindnlp's mindtorch says `test_version_no_value` as its `__version__`, so the wheel
+    that ships it (mindnlp) gives the number there."""
+    from importlib.metadata import version as dist_version
+    if layer == "mindtorch":
+        try:
+            return "%s (mindnlp)" % dist_version("mindnlp")
+        except Exception:
+            return "unknown"
+    top = importlib.import_module(layer.split(".")[0])
+    version = getattr(top, "__version__", None)
+    if version is None:
+        try:
+            version = dist_version(layer.split(".")[0])
+        except Exception:
+            version = "unknown"
+    return version
 
 
 def _import_torch_api_on_mindspore():
@@ -37,13 +75,17 @@ def _import_torch_api_on_mindspore():
             "backend 'mindspore' needs the MindSpore environment (%s); run 'make setup-ms' and use "
             ".venv/bin/python, or pick --backend torch" % exc) from None
     errors = []
-    if importlib.util.find_spec("mindtorch") is not None:
-        _synchronous_launch(mindspore)
+    layers = installed_layers()
+    if layers and layers[0].startswith("mindtorch"):
+        _synchronous_launch(mindspore, layers[0])
+    if "mindtorch" in layers:
+        shims_ms27.before_import()
+    if "mindtorch.torch" in layers:
         try:
             shims.apply()
         except Exception as exc:  # a MindSpore whose internals moved again: report it with the import error
             errors.append("compat shims: %s: %s" % (type(exc).__name__, exc))
-    for layer in ("mindtorch.torch", "msadapter.pytorch"):
+    for layer in layers:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -55,31 +97,42 @@ def _import_torch_api_on_mindspore():
             continue
         if layer == "mindtorch.torch":
             shims.apply_after_import(torch)
+        elif layer == "mindtorch":
+            shims_ms27.apply(torch)
         shims.fix_tensor_metaclass(torch)  # MSAdapter: an out-of-bounds read that crashes now and then
-        top = importlib.import_module(layer.split(".")[0])
-        version = getattr(top, "__version__", None)
-        if version is None:
-            try:
-                from importlib.metadata import version as dist_version
-                version = dist_version(layer.split(".")[0])
-            except Exception:
-                version = "unknown"
-        return torch, nn, F, layer, version
+        return torch, nn, F, layer, _layer_version(layer)
     raise UserError("no torch-API layer for MindSpore imports (%s); install msadapter==0.1.0 "
-                    "(see requirements.txt)" % "; ".join(errors))
+                    "(see requirements.txt)" % ("; ".join(errors) or "none installed"))
 
 
-def _synchronous_launch(mindspore):
-    """MindSpore 2.6 (the mindtorch stack): PyNative mode with synchronous op launch, set before the first op
-    runs (the torch-API layer's import and `shims.apply_after_import` run ops). By default 2.6 hands every op
-    to a launch thread, which on a machine with few cores competes with the kernels. Set after any op has run,
-    the setting does not take: then every op of the older kind (an `Assign`, as optimizer, fast-weight and
-    running-statistics updates run) waits for the launch thread to catch up, and a step's many small updates
-    cost more than its kernels (docs/mindtorch.md). Not on MindSpore 2.0 (MSAdapter): its launch stays
+def _synchronous_launch(mindspore, layer):
+    """MindSpore 2.6 and 2.7 (the two mindtorch stacks): PyNative mode with synchronous op launch, set before the
+    first op runs (the torch-API layer's import and `shims.apply_after_import` run ops). By default they hand
+    every op to a launch thread, which on a machine with few cores competes with the kernels. Set after any op
+    has run, the setting does not take: then every op of the older kind (an `Assign`, as optimizer, fast-weight
+    and running-statistics updates run) waits for the launch thread to catch up, and a step's many small
+    updates cost more than its kernels (docs/mindtorch.md; on 2.7 the op-by-op step was several times slower
+    with the launch thread, docs/ms27.md). 2.7 names the setting `mindspore.runtime.launch_blocking()`
+    (its `set_context` keyword is deprecated there). Not on MindSpore 2.0 (MSAdapter): its launch stays
     MindSpore's default, which that stack's tests and figures (docs/performance.md) are taken with."""
     if is_mindspore_2_0():
         return
-    mindspore.set_context(mode=mindspore.PYNATIVE_MODE, pynative_synchronize=True)
+    mindspore.set_context(mode=mindspore.PYNATIVE_MODE)
+    if layer == "mindtorch":
+        mindspore.runtime.launch_blocking()
+    else:
+        mindspore.set_context(pynative_synchronize=True)
+
+
+def is_mindtorch_proxy(module):
+    """Whether an imported `torch` is mindnlp's mindtorch under that name: once imported, mindtorch puts an
+    import hook first on `sys.meta_path` that answers `import torch` (and `torch.*`) with itself, and tells
+    `importlib.metadata` that a torch distribution is installed. Real PyTorch's module lives in a `torch`
+    folder and is loaded by Python's own loader."""
+    spec = getattr(module, "__spec__", None)
+    loader = type(getattr(spec, "loader", None))
+    where = os.path.basename(os.path.dirname(getattr(module, "__file__", None) or ""))
+    return loader.__module__.startswith("mindtorch") or where != "torch"
 
 
 def is_mindspore_2_0():
@@ -100,8 +153,12 @@ def load():
         except ImportError as exc:
             raise UserError("backend 'torch' needs PyTorch (%s); run 'make setup-torch' and use "
                             ".venv-torch/bin/python" % exc) from None
+        if is_mindtorch_proxy(torch):
+            raise UserError("backend 'torch' needs PyTorch, but 'torch' here is mindnlp's mindtorch (it takes "
+                            "that name once imported); run 'make setup-torch' and use .venv-torch/bin/python, "
+                            "or pick --backend mindspore") from None
         return dict(name=name, torch=torch, nn=nn, F=F, layer="torch", layer_version=torch.__version__,
-                    framework="torch", framework_version=torch.__version__)
+                    stack="torch", framework="torch", framework_version=torch.__version__)
 
     torch, nn, F, layer, layer_version = _import_torch_api_on_mindspore()
     import mindspore
@@ -116,5 +173,5 @@ def load():
     # The layer warns on every in-place op ("not encouraged"); that says nothing about correctness here.
     warnings.filterwarnings("ignore", category=UserWarning, module=r"(msadapter|mindtorch)(\..*)?")
     warnings.filterwarnings("ignore", message=r".*inplace.*", category=UserWarning)
-    return dict(name=name, torch=torch, nn=nn, F=F, layer=layer, layer_version=layer_version,
+    return dict(name=name, torch=torch, nn=nn, F=F, layer=layer, layer_version=layer_version, stack=STACKS[layer],
                 framework="mindspore", framework_version=mindspore.__version__)

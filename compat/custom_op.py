@@ -99,8 +99,13 @@ def _ms_cell_for_arity(forward, backward, n):
     namespace = {"run_backward": run_backward, "__name__": __name__}
     exec("def bprop(self, %s, out, dout):\n    return run_backward((%s, out, dout))\n" % (names, names), namespace)
 
-    cell_type = type("CustomOpCell%d" % n, (nn.Module,), {
-        "forward": lambda self, *inputs: forward(*inputs),
+    # MSAdapter's and mindtorch 0.4's Module is a MindSpore Cell, whose `bprop` MindSpore runs; mindnlp's
+    # mindtorch (the MindSpore 2.7 stack) has a Module of its own, whose `bprop` MindSpore never sees (the
+    # gradient would be autodiff's through `forward`): there the op is a plain Cell.
+    import mindspore
+    base = nn.Module if issubclass(nn.Module, mindspore.nn.Cell) else mindspore.nn.Cell
+    cell_type = type("CustomOpCell%d" % n, (base,), {
+        "forward" if base is nn.Module else "construct": lambda self, *inputs: forward(*inputs),
         "bprop": namespace["bprop"],
     })
     return cell_type()

@@ -1,7 +1,12 @@
 """Device context: `--device cpu|gpu|ascend` (MODEL.DEVICE).
 
-MindSpore has one global device (`set_context(device_target=...)`); torch places each tensor, so on torch
-`to_device` moves modules and `as_tensor` creates tensors on the chosen device.
+MindSpore has one global device: `set_context(device_target=...)` on MindSpore 2.0, `mindspore.set_device(...)`
+from 2.6 on (2.7 deprecates the context keyword, and refuses any change once an op has run, so a request for
+the device already set is not passed on). torch places each tensor, so on torch `to_device` moves modules and
+`as_tensor` creates tensors on the chosen device. mindnlp's mindtorch (the MindSpore 2.7 stack) also labels
+each tensor with a torch-style device ('cpu', 'cuda', 'npu') and picks its kernels by that label: there the
+layer's default device follows the choice, so tensors made afterwards (parameters of models built then,
+`as_tensor`) run on it.
 """
 import compat as _c
 from compat.errors import UserError
@@ -17,14 +22,7 @@ def set_device(name):
     if key not in DEVICES:
         raise UserError("unknown device %r; use one of: %s" % (name, ", ".join(DEVICES)))
     if _c.IS_MINDSPORE:
-        import mindspore
-        target = {"cpu": "CPU", "gpu": "GPU", "ascend": "Ascend"}[key]
-        try:
-            mindspore.set_context(device_target=target)
-        except (RuntimeError, ValueError) as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise UserError("device %r is not available to this MindSpore install (%s); install the MindSpore "
-                            "build for that device or use --device cpu" % (key, first)) from None
+        _set_mindspore_device(key)
     else:
         if key == "gpu" and not _c.torch.cuda.is_available():
             raise UserError("device 'gpu' requested but torch sees no CUDA device (torch %s); use --device cpu"
@@ -34,6 +32,32 @@ def set_device(name):
                             "or --device cpu")
     _current = key
     return key
+
+
+# MindSpore's device_target per device, and mindnlp mindtorch's device label for it
+_MINDSPORE_TARGETS = {"cpu": "CPU", "gpu": "GPU", "ascend": "Ascend"}
+_MINDTORCH_DEVICES = {"cpu": "cpu", "gpu": "cuda", "ascend": "npu"}
+
+
+def _set_mindspore_device(key):
+    import mindspore
+    target = _MINDSPORE_TARGETS[key]
+    target_before = mindspore.get_context("device_target")
+    try:
+        if not hasattr(mindspore, "set_device"):  # MindSpore 2.0
+            mindspore.set_context(device_target=target)
+        elif target_before != target:
+            mindspore.set_device(target)
+    except (RuntimeError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if "runtime has been initialized" in first:  # 2.7: an op ran before
+            raise UserError("device %r requested after MindSpore ran its first op on %s (%s); choose the device "
+                            "(--device, MODEL.DEVICE) before anything runs" % (key, target_before, first)) from None
+        raise UserError("device %r is not available to this MindSpore install (%s); install the MindSpore "
+                        "build for that device or use --device cpu" % (key, first)) from None
+    if _c.LAYER == "mindtorch":
+        from mindtorch._bind import set_default_device
+        set_default_device(_MINDTORCH_DEVICES[key])
 
 
 def current_device():

@@ -49,8 +49,8 @@ def export(net, example, path, fmt):
     if _c.IS_MINDSPORE:
         import mindspore
         # mindspore.export appends the suffix itself; on 2.0 it switches JIT fallback off for the process
-        with _c.jit.fallback_kept():
-            mindspore.export(net, mindspore.Tensor(example), file_name=path[:-len(SUFFIX[fmt])],
+        with _c.jit.fallback_kept(), _exportable(net) as cell:
+            mindspore.export(cell, mindspore.Tensor(example), file_name=path[:-len(SUFFIX[fmt])],
                              file_format=fmt.upper())
         honour_umask(path)      # MindSpore leaves its files readable by their owner alone
         return {"dynamic_batch": False}
@@ -67,6 +67,36 @@ def export(net, example, path, fmt):
                           input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
                           dynamic_axes={INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}})
     return {"dynamic_batch": True}
+
+
+@contextlib.contextmanager
+def _exportable(net):
+    """What `mindspore.export` is given for `net`: the network itself where its modules are MindSpore Cells
+    (MSAdapter, mindtorch 0.4). mindnlp's mindtorch (the ms27 stack) has modules that are no Cells, which the
+    ONNX exporter refuses ("only support nn.Cell object"), and Parameters that are no `mindspore.Parameter`,
+    which the MINDIR exporter refuses ("a mindspore.Parameter that wasn't created in nn.Cell") and the ONNX
+    exporter writes without their values (the file computes something else, without an error). There, for the
+    export only, every parameter of `net` is replaced by a `mindspore.Parameter` of the same value and name,
+    held by a Cell whose construct calls `net`, and the graph is built with the layer's graph forms in place
+    (`compat.jit.building`); the parameters go back afterwards."""
+    if _c.LAYER != "mindtorch":
+        yield net
+        return
+    import mindspore
+    swapped = []
+    for prefix, module in net.named_modules():
+        for name, p in list(module._parameters.items()):
+            if p is not None:
+                full = (prefix + "." if prefix else "") + name
+                q = mindspore.Parameter(mindspore.Tensor(_c.to_numpy(p)), name=full, requires_grad=False)
+                swapped.append((module, name, p))
+                module._parameters[name] = q
+    try:
+        with _c.jit.building(export=True):
+            yield _NetCell(net, [module._parameters[name] for module, name, _ in swapped])
+    finally:
+        for module, name, p in reversed(swapped):
+            module._parameters[name] = p
 
 
 class OnnxRunner:
@@ -128,7 +158,8 @@ class CompiledRunner:
 
             def forward(images):
                 return net(images)
-            self._call = mindspore.jit(forward)
+            # ms27: built with the layer's graph forms in place (compat.jit.compiled)
+            self._call = mindspore.jit(forward) if _c.LAYER != "mindtorch" else _c.jit.compiled(forward, "runner")
         else:
             self._call = net
 
@@ -145,3 +176,18 @@ def make_runner(path, fmt):
 
 def framework_version():
     return str(_c.info()["framework_version"])   # torch.__version__ is a str subclass of torch
+
+
+if _c.IS_MINDSPORE:
+    import mindspore as _ms
+
+    class _NetCell(_ms.nn.Cell):
+        """A Cell that holds `weights` (MindSpore Parameters, registered as its own) and runs `net` (`_exportable`)."""
+
+        def __init__(self, net, weights):
+            super().__init__()
+            self.net = net
+            self.weights = _ms.ParameterTuple(weights)
+
+        def construct(self, images):
+            return self.net(images)

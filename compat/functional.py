@@ -5,19 +5,26 @@ tensor, whose gradient is missing, so d/dx treats the norm partly as a constant 
 gradients are not). Built here from `torch.norm`, whose gradient is correct.
 """
 import compat as _c
-from compat.graph_mode import eager_only, in_graph
+from compat.graph_mode import eager_only, exporting, in_graph
 
 
 def normalize(x, p=2.0, dim=1, eps=1e-12):
     """torch.nn.functional.normalize: x / max(||x||_p over `dim`, eps), with correct gradients on MindSpore."""
     if not _c.IS_MINDSPORE:
         return _c.F.normalize(x, p, dim, eps)
+    if in_graph() and _c.LAYER == "mindtorch":
+        # the same values; MindSpore 2.7's ONNX exporter refuses a clamp with a lower bound only
+        return x / _ms_ops.maximum(vector_norm(x, p, dim), eps)
     return x / vector_norm(x, p, dim).clamp(min=eps)
 
 
 def vector_norm(x, p=2.0, dim=1):
     """||x||_p over `dim`, keepdim. Compiled on MindSpore, `torch.norm` would run as interpreted Python (and
     fail): there it is the same maths from elementwise ops and a sum, whose gradient is right away from 0."""
+    if in_graph() and _c.LAYER == "mindtorch" and not exporting() and _positive_integral_c(p):
+        # the ms27 layer's own kernel for torch.norm (LpNorm): compiled and op by op round alike (an exported
+        # file takes the reductions below: MindSpore 2.7 exports no LpNorm to ONNX)
+        return _lp_norm_c(dim, p)(x)
     if in_graph():  # compiled, the torch-API layer's reductions run as interpreted Python: MindSpore's ops
         from_ms = _c.torch.cast_to_adapter_tensor
         if p == 2.0:
@@ -35,6 +42,21 @@ def arange_like(n, like):
     if _c.IS_MINDSPORE:
         return _c.torch.arange(n)
     return _c.torch.arange(n, device=like.device)
+
+
+def _positive_integral(p):
+    return float(p).is_integer() and p > 0
+
+
+def _lp_norm(dim, p):
+    """The LpNorm primitive of (dim, integral p), keeping dims, made once per configuration."""
+    key = (int(dim), int(p))
+    if key not in _LP_NORMS:
+        _LP_NORMS[key] = _ms_P.LpNorm(axis=int(dim), p=int(p), keep_dims=True, epsilon=1e-12)
+    return _LP_NORMS[key]
+
+
+_LP_NORMS = {}
 
 
 def max_values(x, dim):
@@ -95,3 +117,5 @@ if _c.IS_MINDSPORE:
     from mindspore.ops import operations as _ms_P
     from mindspore.ops._primitive_cache import _get_cache_prim as _prim_cache
     _SUM_KEEPDIM = _ms_ops.ReduceSum(keep_dims=True)
+    _lp_norm_c = _ms_ops.constexpr(_lp_norm, check=False)
+    _positive_integral_c = _ms_ops.constexpr(_positive_integral, check=False)

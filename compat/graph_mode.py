@@ -7,13 +7,20 @@ circle. The rules for code reachable from a compiled function are in compat/jit.
 """
 import compat as _c
 
-_state = {"graph": False, "grad_graph": False}
+_state = {"graph": False, "grad_graph": False, "export": False}
 
 
-def set_building(graph, grad_graph=False):
+def set_building(graph, grad_graph=False, export=False):
     """compat.jit, around a graph build: `graph` True while MindSpore builds one, `grad_graph` True while the
-    graph is a differentiated one that hands its state updates out through gradients."""
-    _state["graph"], _state["grad_graph"] = graph, grad_graph
+    graph is a differentiated one that hands its state updates out through gradients, `export` True while
+    the graph is built to be written to a file (compat.export, on the ms27 stack)."""
+    _state["graph"], _state["grad_graph"], _state["export"] = graph, grad_graph, export
+
+
+def exporting():
+    """True while MindSpore builds a graph for a deployment file on the ms27 stack: code then picks the ops the
+    file formats take (compat.functional.vector_norm)."""
+    return _state["export"]
 
 
 def in_graph():

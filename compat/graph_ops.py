@@ -63,21 +63,31 @@ def _thin_conv_args(stride, padding, dilation):
 
 def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     if in_graph() and _thin_conv(stride, padding, dilation):
-        shape = weight.shape
-        y = _conv_prim_c(shape[0], (shape[2], shape[3]), stride, padding, dilation, groups)(input, weight)
-        if bias is not None:
-            y = _BIAS_ADD(y, bias)
-        return _TO_TORCH(y)
+        return _TO_TORCH(graph_conv2d(input, weight, bias, stride, padding, dilation, groups))
     return _LAYER["F"].conv2d(input, weight, bias, stride, padding, dilation, groups)
+
+
+def graph_conv2d(input, weight, bias, stride, padding, dilation, groups):
+    """conv2d in a graph: the Conv2D primitive of this configuration (int / pair arguments), then the bias."""
+    shape = weight.shape
+    y = _conv_prim_c(shape[0], (shape[2], shape[3]), stride, padding, dilation, groups)(input, weight)
+    if bias is not None:
+        y = _BIAS_ADD(y, bias)
+    return y
 
 
 def linear(input, weight, bias=None):
     if in_graph() and len(input.shape) == 2:
-        y = _MATMUL_NT(input, weight)
-        if bias is not None:
-            y = _BIAS_ADD(y, bias)
-        return _TO_TORCH(y)
+        return _TO_TORCH(graph_linear(input, weight, bias))
     return _LAYER["F"].linear(input, weight, bias)
+
+
+def graph_linear(input, weight, bias):
+    """linear of a 2-D input in a graph: input @ weight.T (MatMul with the weight transposed), then the bias."""
+    y = _MATMUL_NT(input, weight)
+    if bias is not None:
+        y = _BIAS_ADD(y, bias)
+    return y
 
 
 def relu(input, inplace=False):
@@ -95,15 +105,21 @@ def _softmax_prim(dim):
 
 def softmax(input, dim=None, _stacklevel=3, dtype=None):
     if in_graph() and isinstance(dim, int) and dtype is None:
-        return _TO_TORCH(_softmax_prim_c(dim)(input))
+        return _TO_TORCH(graph_softmax(input, dim))
     return _LAYER["F"].softmax(input, dim, _stacklevel, dtype)
+
+
+def graph_softmax(input, dim):
+    return _softmax_prim_c(dim)(input)
 
 
 if _c.IS_MINDSPORE:
     from mindspore import ops as _ops
     from mindspore.ops import operations as _P
     from mindspore.ops.operations import _inner_ops
-    _TO_TORCH = _inner_ops.convert_to_adapter_tensor  # one primitive: the result is a torch-API tensor
+    # one primitive: the result is a torch-API tensor (MindSpore 2.7 has none: mindnlp's mindtorch takes
+    # MindSpore's tensors as they are, and compat/graph_ms27.py calls the graph_* functions alone)
+    _TO_TORCH = getattr(_inner_ops, "convert_to_adapter_tensor", None)
     _RELU = _P.ReLU()
     _BIAS_ADD = _P.BiasAdd()
     _MATMUL_NT = _P.MatMul(False, True)

@@ -95,7 +95,8 @@ import numpy as np
 
 import compat as _c
 from compat.backend import is_mindspore_2_0
-from compat.graph_mode import eager_only, in_graph, set_building, state_through_gradients  # noqa: F401 (public here)
+from compat.graph_mode import (eager_only, exporting, in_graph, set_building,  # noqa: F401 (public here)
+                               state_through_gradients)
 
 _state = {"threads": None, "cache_dir": None, "source": None, "helper_thread": True, "helper": None}
 log = print  # replaced by callers that log elsewhere; the compile-time line is printed once per graph
@@ -132,9 +133,28 @@ _COMPILED_FORMS = []
 
 
 def _swap_forms(graph):
-    """Put every registered compiled form (graph True) or the method itself (False) in place."""
+    """Put every registered compiled form (graph True) or the method itself (False) in place; on the ms27 stack
+    also the torch-API layer's graph forms (compat/graph_ms27.py)."""
     for owner, name, fn, graph_fn in _COMPILED_FORMS:
         setattr(owner, name, graph_fn if graph else fn)
+    if _c.LAYER == "mindtorch":
+        from compat import graph_ms27
+        graph_ms27.swap(graph)
+
+
+@contextlib.contextmanager
+def building(grad=False, export=False):
+    """Around MindSpore's parse of the project's code (a compiled function's first call; on the ms27 stack also
+    an export, `export` True): `in_graph()` True (`grad`: `state_through_gradients()` too; `export`:
+    `exporting()`), the compiled forms in place and, on the ms27 stack, the torch-API layer's graph forms
+    (compat/graph_ms27.py)."""
+    set_building(True, grad, export)
+    _swap_forms(True)
+    try:
+        yield
+    finally:
+        set_building(False, False)
+        _swap_forms(False)
 
 
 def state_buffer(array):
@@ -160,8 +180,19 @@ def prepare(model):
             if p.name != name:
                 p.name = name
             _materialise(p)
+        elif _is_graph_weight(p):
+            # mindnlp's mindtorch (ms27): its Parameter is a Tensor that graphs take for a weight by MindSpore's
+            # marker and its `param_info` (named by a random uuid, and read-only through `name`)
+            p.param_info.name = name
+            _materialise(p)
     _direct_construct(model)
     return model
+
+
+def _is_graph_weight(t):
+    """Whether a graph reads tensor `t` as a weight (a Parameter to MindSpore's parser) although it is not a
+    `mindspore.Parameter`: the ms27 layer's Parameter class."""
+    return hasattr(t, "__parameter__") and hasattr(t, "param_info")
 
 
 def _materialise(p):
@@ -199,8 +230,8 @@ def _direct_construct(model):
 
 
 def steps_supported():
-    """Whether compiled training steps (MODEL.JIT) build on this stack: on both MindSpore stacks (on 2.6 through
-    `stateless_steps`)."""
+    """Whether compiled training steps (MODEL.JIT) build on this stack: on every MindSpore stack (on 2.6 and 2.7
+    through `stateless_steps`, on 2.7 with the layer's graph forms, compat/graph_ms27.py)."""
     return _c.IS_MINDSPORE
 
 
@@ -219,10 +250,15 @@ def enabled(flag):
 
 
 def swap_in(params, steps):
-    """Write p - step into every parameter (no gradient) and return copies of the old values for `restore`."""
+    """Write p - step into every parameter (no gradient) and return copies of the old values for `restore`.
+    On MindSpore one in-place `AssignSub` kernel per parameter (the same subtraction): not the layer's `-` then
+    an assign, two ops through the torch-API layer's Python (several times as long on the ms27 stack)."""
     saved = snapshot(params)
     for p, step in zip(params, steps):
-        _c.assign_(p, p - step)
+        if _c.IS_MINDSPORE:
+            _ms_ops.assign_sub(p, step)
+        else:
+            _c.assign_(p, p - step)
     return saved
 
 
@@ -352,7 +388,7 @@ def _weights(owner):
     import mindspore
     weights = {}
     for _, p in list(owner.named_parameters()) + list(owner.named_buffers()):
-        if isinstance(p, mindspore.Parameter):
+        if isinstance(p, mindspore.Parameter) or _is_graph_weight(p):
             weights[p.name] = p
     return weights
 
@@ -629,14 +665,16 @@ class _Timed:
         self.signature, self.others = None, {}
 
     def __call__(self, *args):
-        if self.phase is not None:
-            signature = _signature(args)
-            if signature == self.signature:
-                return _run_built(self.phase, args)
-            if signature not in self.others:
-                self.others[signature] = _Timed(self.jitted, self.name, self.owner, self.key)
-            return self.others[signature](*args)
         if self.compile_seconds is not None:
+            signature = _signature(args)
+            if signature != self.signature:
+                # another input signature is another graph, built (with the graph forms in place) by a _Timed
+                # of its own
+                if signature not in self.others:
+                    self.others[signature] = _Timed(self.jitted, self.name, self.owner, self.key, self.grad)
+                return self.others[signature](*args)
+            if self.phase is not None:
+                return _run_built(self.phase, args)
             return self.jitted(*args)
         self.signature = _signature(args)
         from mindspore.common.api import ms_compile_cache
@@ -648,21 +686,19 @@ class _Timed:
         folder = _cache_on(self.name, self.owner, self.key, args)
         before = _cache_files(folder) if folder else {}
         note = "; cached in %s" % folder if folder else ""
-        set_building(True, self.grad)
-        _swap_forms(True)
         try:
-            out = self.jitted(*args)
-        except RuntimeError as exc:
-            if folder is None or "export" not in str(exc):
-                raise
-            # MindSpore could not write this graph to the cache (e.g. "Cannot export a interpret node in
-            # MindIR"): build it again without the cache
-            _cache_off()
-            folder, note = None, "; not cacheable (%s)" % str(exc).strip().splitlines()[0]
-            out = self.jitted(*args)
+            with building(self.grad):
+                try:
+                    out = self.jitted(*args)
+                except RuntimeError as exc:
+                    if folder is None or "export" not in str(exc):
+                        raise
+                    # MindSpore could not write this graph to the cache (e.g. "Cannot export a interpret node
+                    # in MindIR"): build it again without the cache
+                    _cache_off()
+                    folder, note = None, "; not cacheable (%s)" % str(exc).strip().splitlines()[0]
+                    out = self.jitted(*args)
         finally:
-            set_building(False, False)
-            _swap_forms(False)
             if folder is not None:
                 _cache_off()
         built = set(ms_compile_cache) - phases_before

@@ -394,7 +394,8 @@ if _c.IS_MINDSPORE:
     _instance_shape_c = _ops.constexpr(_instance_shape, check=False)
     _channels_c = _ops.constexpr(_channels, check=False)
     _CONCAT = _P.Concat(0)
-    _TO_TORCH = _inner_ops.convert_to_adapter_tensor
+    # mindnlp's mindtorch (MindSpore 2.7, which dropped the primitive): its tensors are MindSpore's already
+    _TO_TORCH = getattr(_inner_ops, "convert_to_adapter_tensor", None) or _c.torch.cast_to_adapter_tensor
     from mindspore.common import dtype as _mstype
 
     class _StatelessBatchNorm(_P.BatchNorm):

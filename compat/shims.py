@@ -123,3 +123,4 @@ def fix_tensor_metaclass(torch):
         return None
     meta.__call__ = type.__call__
     return "%s.%s.__call__ = type.__call__" % (meta.__module__, meta.__name__)
+

@@ -95,7 +95,10 @@ def test_instance_norm_compiled_equals_op_by_op():
         x = compat.as_tensor(rng.randn(*shape).astype(np.float32) * 2 + 0.5)
         w = compat.nn.Parameter(compat.as_tensor(rng.rand(c).astype(np.float32) + 0.5))
         b = compat.nn.Parameter(compat.as_tensor(rng.randn(c).astype(np.float32)))
-        w.name, b.name = "in_w_%d" % len(shape), "in_b_%d" % len(shape)  # graphs need unique Parameter names
+        holder = compat.nn.Module()  # graphs need unique Parameter names: prepare() gives the attribute names
+        setattr(holder, "in_w_%d" % len(shape), w)
+        setattr(holder, "in_b_%d" % len(shape), b)
+        compat.jit.prepare(holder)
         scale = compat.as_tensor(rng.randn(*shape).astype(np.float32))
 
         def loss_fn(inp):

@@ -104,6 +104,22 @@ def test_a_rank_whose_cluster_cannot_form_exits_with_the_status_the_launcher_ret
         "MindSpore could not form the cluster: The state of the cluster is error, total nodes num: 2")
 
 
+def test_a_scheduler_that_leaves_before_its_workers_leaves_their_status_to_them():
+    """MindSpore 2.7's scheduler exits with status 0 by itself once its workers are done (2.0's stays until the
+    launcher lets it go), so the launcher can see it gone a moment before the workers: then it waits for them
+    (`_workers_end`) and their status decides, instead of stopping a run that is ending well."""
+    from reid.engine.distributed import _workers_end
+    workers = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(%s)" % t]) for t in (0.5, 1.5)]
+    assert _workers_end(workers, within=60) and [w.returncode for w in workers] == [0, 0]
+    stuck = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        start = time.monotonic()
+        assert not _workers_end([stuck], within=1) and time.monotonic() - start < 10
+    finally:
+        stuck.kill()
+        stuck.wait()
+
+
 def test_port_in_use_and_bad_splits_are_one_line_errors_and_ranks_get_no_launch_flags(tmp_path):
     from compat.errors import UserError
     from reid.engine.distributed import launch, local_splits, rank_argv

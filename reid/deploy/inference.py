@@ -8,6 +8,8 @@ checks. It computes what `model.eval()(images)` computes:
     kernel does not);
   - the stem's ceil-mode max pooling is a floor-mode pooling of the map padded at the bottom/right (ceil-mode
     pooling does not export from MindSpore 2.0);
+  - GeM pooling's lower bound is a maximum against a constant, and means keep their dims by position (what
+    MindSpore 2.7's ONNX exporter takes);
   - the classifiers and class centers (training only) are left out.
 The backbone's blocks (bottlenecks, CODE blocks, IBN, router, SE) keep their own forward code.
 Shapes other than the batch size are fixed by the input size the net is built for.
@@ -83,9 +85,23 @@ class InferenceInstanceNorm(nn.Module):
     def forward(self, x):
         if x.shape[2] == 1:        # the original's zero output for maps of height 1 (see MetaInstanceNorm)
             return x * 0.0
-        centred = x - x.mean((2, 3), keepdim=True)
-        var = (centred * centred).mean((2, 3), keepdim=True)
+        # keepdim by position: MindSpore 2.7 compiles the keyword form to an op its ONNX exporter lacks (MeanExt)
+        centred = x - x.mean((2, 3), True)
+        var = (centred * centred).mean((2, 3), True)
         return centred / torch.sqrt(var + self.eps) * self.weight + self.bias
+
+
+class InferenceGeM(nn.Module):
+    """GeM pooling with its lower bound as a maximum against a constant (MindSpore 2.7's ONNX exporter refuses
+    a clamp with a lower bound only); the same values."""
+
+    def __init__(self, gem):
+        super().__init__()
+        self.p = float(gem.p)
+        self.floor = _constant(np.full((1, 1, 1, 1), gem.eps))
+
+    def forward(self, x):
+        return torch.maximum(x, self.floor.expand_as(x)).pow(self.p).mean((2, 3)).pow(1.0 / self.p)
 
 
 class InferenceGate(nn.Module):
@@ -161,7 +177,7 @@ class InferenceNet(nn.Module):
         self.conv1, self.bn1 = backbone.conv1, backbone.bn1
         self.stages = nn.ModuleList([Stage(getattr(backbone, "layer%d" % i), getattr(backbone, "code%d" % i, None))
                                      for i in range(1, 5)])
-        self.pool = heads.pool
+        self.pool = InferenceGeM(heads.pool) if isinstance(heads.pool, meta.GeM) else heads.pool
         self.bottleneck = InferenceBatchNorm(heads.bottleneck)
         # the stem's max pooling (3x3, stride 2, ceil mode) as floor mode over a map padded to the ceil size
         h, w = (-(-s // 2) for s in self.input_size)      # after conv1 (7x7, stride 2, padding 3)

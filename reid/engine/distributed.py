@@ -35,6 +35,9 @@ STOP_GRACE_S = 10          # SIGTERM -> SIGKILL for ranks that do not stop
 SCHEDULER_START_S = 300    # longest wait for MindSpore's scheduler to listen (it imports MindSpore first)
 POLL_S = 0.5
 CLUSTER_ATTEMPTS = 3       # MindSpore: tries to form the cluster (a busy machine can make one fail)
+# MindSpore 2.7's scheduler exits (status 0) by itself once its workers are done, MindSpore 2.0's stays until
+# the launcher lets it go: a scheduler that ended with status 0 waits this long for the workers to end too
+SCHEDULER_DONE_S = 60
 EXIT_CLUSTER_FORMATION = 75  # = compat.distributed.EXIT_CLUSTER_FORMATION (not imported: no framework here)
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -232,6 +235,16 @@ def _start_scheduler(env, addr, port, workers, log):
     return scheduler, True
 
 
+def _workers_end(workers, within):
+    """Whether every worker process ends within `within` seconds (whatever its status)."""
+    deadline = time.monotonic() + within
+    while any(w.poll() is None for w in workers):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(POLL_S)
+    return True
+
+
 def _launch_mindspore_once(command, env, nproc, nnodes, node_rank, addr, port, log):
     """Workers first; once all of them are ready to join (compat.distributed._wait_for_local_ranks), the
     scheduler (node 0), then the go: they register right after the scheduler started."""
@@ -272,6 +285,8 @@ def _launch_mindspore_once(command, env, nproc, nnodes, node_rank, addr, port, l
                 open(os.path.join(ready.name, "go"), "w").close()
                 go = True
             if scheduler is not None and scheduler.poll() is not None:
+                if scheduler.returncode == 0 and _workers_end(workers, SCHEDULER_DONE_S):
+                    continue  # MindSpore 2.7's scheduler leaves once the workers are done: theirs is the status
                 log("MindSpore's scheduler %s; stopping the ranks" % _describe(scheduler.returncode))
                 _stop(workers)
                 return 1

@@ -178,6 +178,13 @@ def launch_distributed(script, argv, cfg, args):
                   args.master_addr, args.master_port, output_dir=cfg.OUTPUT_DIR)
 
 
+def backend_line():
+    """The run's first line: backend, torch-API layer, framework, device."""
+    import compat
+    return ("backend %(backend)s (%(torch_api)s %(torch_api_version)s on %(framework)s %(framework_version)s), "
+            "device %(device)s" % compat.info())
+
+
 def train(cfg, resume=False, progress=True):
     """Train as configured, evaluating on the targets; returns the trainer. The evaluations (untrained,
     last, best) are the rows of its Evaluator hook, also in OUTPUT_DIR/results.json. In a data-parallel
@@ -198,8 +205,7 @@ def train(cfg, resume=False, progress=True):
         return trainer
     cfg = trainer.cfg  # now carries the class counts of the training data
     write_config(cfg)
-    print("backend %(backend)s (%(torch_api)s %(torch_api_version)s on %(framework)s %(framework_version)s), "
-          "device %(device)s" % compat.info())
+    print(backend_line())
     print(trainer.data.train_set.summary())
     print("%d iterations (%d epochs x %d), output in %s" % (trainer.max_iter, cfg.SOLVER.MAX_EPOCH,
                                                              trainer.iters_per_epoch, cfg.OUTPUT_DIR))
@@ -249,8 +255,7 @@ def test(cfg, vis_rank=0, reference_only=False, engine=None, model_path=None):
     engine = engine or (format_of(model_path) if model_path else "eager")
     configure_runtime(cfg)
     model = load_engine(cfg, engine, model_path)
-    print("backend %(backend)s (%(torch_api)s %(torch_api_version)s on %(framework)s %(framework_version)s), "
-          "device %(device)s" % compat.info())
+    print(backend_line())
     print("weights %s" % cfg.MODEL.WEIGHTS if engine == "eager" else "model %s (engine %s)" % (model_path, engine))
     evaluate_fn = build_evaluate_fn(cfg)
     results, details = evaluate_fn(model, return_details=True)
