@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from compat.errors import UserError
-from tests.test_distributed import _free_port
+from tests.test_distributed import _free_port, one_cluster_at_a_time
 from tests.test_retrieval import DEMO, _one_torch_thread, opts_for  # noqa: F401
 from tests.test_retrieval_milvus import acl_index, world  # noqa: F401
 from tests.test_retrieval_tools import tool
@@ -46,7 +46,8 @@ def test_sharded_update_equals_the_single_process_update(world, acl_index, chang
     for path in (single, sharded):
         shutil.copy(acl_index, path)
     tool("index").main(_args(world, changed, single))
-    tool("index").main(_args(world, changed, sharded, "--nproc", "2", "--master-port", str(_free_port())))
+    with one_cluster_at_a_time():
+        tool("index").main(_args(world, changed, sharded, "--nproc", "2", "--master-port", str(_free_port())))
     a, b = load_index(single), load_index(sharded)
     assert a.paths == b.paths and len(b) == 67
     for key in ("pids", "camids", "sizes", "mtimes"):
@@ -68,11 +69,12 @@ def test_a_dead_rank_fails_the_run_with_one_line_and_the_index_intact(world, acl
     before = open(output, "rb").read()
     monkeypatch.setenv("REID_TEST_DIE_RANK", "1")
     index = tool("index")
-    argv = _args(world, changed, output, "--nproc", "2", "--master-port", str(_free_port()))
-    args = index.build_parser().parse_intermixed_args(argv)
-    spec = index.store_of(args)
-    with pytest.raises(UserError) as err:
-        launch_index(CHILD, argv, args, shard_folder(output, spec), lambda: index.unchanged(args, spec))
+    with one_cluster_at_a_time():
+        argv = _args(world, changed, output, "--nproc", "2", "--master-port", str(_free_port()))
+        args = index.build_parser().parse_intermixed_args(argv)
+        spec = index.store_of(args)
+        with pytest.raises(UserError) as err:
+            launch_index(CHILD, argv, args, shard_folder(output, spec), lambda: index.unchanged(args, spec))
     message = str(err.value)
     assert "\n" not in message and message.startswith("distributed extraction failed: rank 1 of 2 died"), message
     assert "%s is as it was" % output in message
@@ -91,7 +93,7 @@ def test_a_ranks_bad_input_is_its_one_line_error(world, acl_index, changed, tmp_
     bad = os.path.join(changed, sorted(os.listdir(changed))[45])         # rank 1 extracts images 42..49
     data = open(bad, "rb").read()
     open(bad, "wb").write(data[:len(data) // 2])
-    with pytest.raises(UserError, match="distributed extraction failed: rank 1 of 2 died"):
+    with pytest.raises(UserError, match="distributed extraction failed: rank 1 of 2 died"), one_cluster_at_a_time():
         tool("index").main(_args(world, changed, output, "--strict", "--nproc", "2", "--master-port",
                                  str(_free_port())))
     assert "error: cannot read image %s: truncated JPEG" % bad in capfd.readouterr().err

@@ -35,6 +35,7 @@ STOP_GRACE_S = 10          # SIGTERM -> SIGKILL for ranks that do not stop
 SCHEDULER_START_S = 300    # longest wait for MindSpore's scheduler to listen (it imports MindSpore first)
 POLL_S = 0.5
 CLUSTER_ATTEMPTS = 3       # MindSpore: tries to form the cluster (a busy machine can make one fail)
+CLUSTER_PAUSE_S = 15       # before try n + 1, n times this: a burst of load elsewhere can pass meanwhile
 # MindSpore 2.7's scheduler exits (status 0) by itself once its workers are done, MindSpore 2.0's stays until
 # the launcher lets it go: a scheduler that ended with status 0 waits this long for the workers to end too
 SCHEDULER_DONE_S = 60
@@ -202,7 +203,9 @@ def _launch_mindspore(command, env, nproc, nnodes, node_rank, addr, port, log):
         rc = _launch_mindspore_once(command, env, nproc, nnodes, node_rank, addr, port, log)
         if rc != EXIT_CLUSTER_FORMATION or attempt == attempts:
             return rc
-        log("MindSpore could not form the cluster (attempt %d of %d); starting it again" % (attempt, attempts))
+        log("MindSpore could not form the cluster (attempt %d of %d); starting it again in %d s"
+            % (attempt, attempts, CLUSTER_PAUSE_S * attempt))
+        time.sleep(CLUSTER_PAUSE_S * attempt)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:  # the old scheduler's port must be free again
             try:
