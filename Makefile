@@ -133,6 +133,7 @@ bench: setup
 	REID_BACKEND=mindspore $(MS_PY) bench/optim_step.py
 	REID_BACKEND=mindspore $(MS_PY) bench/infer.py
 	REID_BACKEND=mindspore $(MS_PY) bench/search.py
+	REID_BACKEND=mindspore $(MS_PY) bench/index_sharded.py
 	REID_BACKEND=mindspore $(MS_PY) bench/dist.py
 
 clean-venvs:
