@@ -25,6 +25,7 @@ import time
 
 import numpy as np
 
+from compat.checkpoint import atomic_write
 from compat.errors import UserError
 
 POLL_S = 0.2
@@ -52,15 +53,6 @@ def shard_bounds(count, world, batch):
         first, last = rank * batches // world, (rank + 1) * batches // world
         out.append((min(first * batch, count), min(last * batch, count)))
     return out
-
-
-def _write_atomic(path, write):
-    tmp = path + ".tmp-%d" % os.getpid()
-    with open(tmp, "wb") as fh:
-        write(fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
 
 
 def _wait_for(paths):
@@ -102,14 +94,14 @@ class ShardRun:
         def write(fh):
             np.savez(fh, features=np.asarray(features, np.float32), paths=np.array(json.dumps(paths)),
                      problems=np.array(json.dumps(problems)))
-        _write_atomic(self._path("rank%d.npz" % self.rank), write)
+        atomic_write(self._path("rank%d.npz" % self.rank), write)
 
     def extract(self, extractor, plan, strict=False, progress=False):
         """Rank 0: publish `plan`'s images, extract its own shard, wait for every rank's and gather them:
         ({path: feature}, [(path, reason)]) as gallery.extract_planned returns for the whole list."""
         if plan.todo:
             extractor.net     # built (exported, with engine onnx / mindir) once here, before the others load it
-        _write_atomic(self._path(PLAN), lambda fh: fh.write(json.dumps(
+        atomic_write(self._path(PLAN), lambda fh: fh.write(json.dumps(
             {"root": plan.root, "todo": plan.todo, "batch": extractor.batch_size}).encode()))
         self._extract_own(extractor, plan.root, plan.todo, strict, progress)
         shards = [self._path("rank%d.npz" % r) for r in range(self.world)]
