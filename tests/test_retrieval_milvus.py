@@ -198,10 +198,11 @@ def test_bad_milvus_stores_are_one_line_errors_that_change_nothing(world, tmp_pa
         assert "\n" not in message and all(e in message for e in expected), message
         return message
 
-    monkeypatch.setattr(milvus_store, "CONNECT_TIMEOUT_S", 3)
-    port = _free_port()
-    refused(["milvus://127.0.0.1:%d/g" % port, world["gallery"]], "cannot reach the Milvus server",
-            "127.0.0.1:%d" % port, "check that it runs")
+    with monkeypatch.context() as short:      # only the unreachable server waits less; Milvus Lite, not at all
+        short.setattr(milvus_store, "CONNECT_TIMEOUT_S", 3)
+        port = _free_port()
+        refused(["milvus://127.0.0.1:%d/g" % port, world["gallery"]], "cannot reach the Milvus server",
+                "127.0.0.1:%d" % port, "check that it runs")
 
     folder, _ = _changed_folder(world, tmp_path)
     db = str(tmp_path / "m.db")
@@ -272,6 +273,54 @@ def test_hnsw_on_milvus_lite_2_5_is_one_line(world, tmp_path):
     folder, _ = _changed_folder(world, tmp_path)
     with pytest.raises(UserError, match="builds FLAT and IVF indexes only"):
         index(world, "milvus:" + str(tmp_path / "h.db"), folder, "--milvus-index", "hnsw")
+
+
+@pytest.mark.skipif(sys.version_info[:2] != (3, 9),
+                    reason="Milvus Lite 2.5 (the MindSpore environment's) runs its engine as a process; 3 does not")
+def test_an_engine_that_ends_as_it_starts_is_started_again(tmp_path, monkeypatch, caplog):
+    """Milvus Lite 2.5's engine process ending as it starts (pymilvus: "Open local milvus failed") on a new file
+    or a Milvus Lite 2.5 file: started again, up to LITE_START_TRIES times, each retry a warning; a damaged file
+    is refused at its first try."""
+    import milvus_lite.server
+    from reid.deploy import milvus_store
+    monkeypatch.setattr(milvus_store, "LITE_START_PAUSE_S", 0.0)
+    real = milvus_lite.server.Server.start
+    tries = []
+
+    def start(server, fail):
+        tries.append(str(server._db_file))
+        return False if len(tries) <= fail else real(server)
+
+    def opened(path, fail):
+        del tries[:]
+        monkeypatch.setattr(milvus_lite.server.Server, "start", lambda server: start(server, fail))
+        with milvus_store.MilvusGallery(milvus_store.parse_store("milvus:" + path)) as gallery:
+            gallery.client.create_collection("c", dimension=4)
+            return sorted(gallery.client.list_collections())
+
+    fresh = str(tmp_path / "fresh.db")
+    with caplog.at_level("WARNING", logger=milvus_store.__name__):
+        assert opened(fresh, 2) == ["c"]
+    assert tries == [fresh] * 3
+    retries = [r.getMessage() for r in caplog.records if r.name == milvus_store.__name__]
+    assert len(retries) == 2 and all(fresh in m and "ended as it started" in m for m in retries), retries
+    assert open(fresh, "rb").read(16) == milvus_store.SQLITE_HEADER
+
+    # a new file and a Milvus Lite 2.5 file (not open here: Milvus Lite keeps fresh.db's engine up) whose engine
+    # never starts: every try made, then the one-line error
+    copy = str(tmp_path / "copy.db")
+    shutil.copy(fresh, copy)
+    for path in (str(tmp_path / "never.db"), copy):
+        with pytest.raises(UserError) as err:
+            opened(path, milvus_store.LITE_START_TRIES)
+        assert tries == [path] * milvus_store.LITE_START_TRIES
+        assert "\n" not in str(err.value) and "cannot open the Milvus Lite file %s" % path in str(err.value)
+
+    damaged = tmp_path / "damaged.db"
+    damaged.write_bytes(b"\0" * 4096)
+    with pytest.raises(UserError, match="damaged or not a Milvus Lite database"):
+        opened(str(damaged), 0)
+    assert tries == [str(damaged)]
 
 
 def test_store_arguments_are_checked_before_any_work(tmp_path):

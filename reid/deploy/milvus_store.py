@@ -28,6 +28,7 @@ pymilvus is optional: without it a Milvus store is a one-line error that names t
 import json
 import logging
 import os
+import time
 import warnings
 
 import numpy as np
@@ -49,7 +50,13 @@ UPSERT_BYTES = 1 << 21           # vectors per write call into Milvus Lite 2.5: 
 LARGER_WRITES = 8                # Milvus Lite 3 and servers (each call costs Milvus Lite 3 a write of its log)
 READ_BATCH = 16384               # rows per page when the rows are read back (Milvus's largest page)
 CONNECT_TIMEOUT_S = 10
+# Milvus Lite 2.5's engine, a separate process, at times ends as it starts on a busy machine ("Open local milvus
+# failed" with nothing wrong with the file): a file that is new or reads as Milvus Lite 2.5's is tried again, the
+# pause before try n + 1 n times LITE_START_PAUSE_S
+LITE_START_TRIES = 3
+LITE_START_PAUSE_S = 1.0
 LOCKED = "it is open in another process (Milvus Lite allows one at a time); wait for it or stop it"
+SQLITE_HEADER = b"SQLite format 3\x00"   # the first bytes of a Milvus Lite 2.5 file
 PIP = "pip install -r requirements.txt (or requirements-torch.txt): pymilvus and milvus-lite"
 
 
@@ -156,7 +163,7 @@ def _lite_problem(path, exc):
                     "own single-file format); index with --store milvus:NEW.db here" % version)
         if not version.startswith("2.") and not folder:
             with open(path, "rb") as fh:
-                sqlite = fh.read(16) == b"SQLite format 3\x00"
+                sqlite = fh.read(16) == SQLITE_HEADER
             if sqlite:
                 return ("it is a Milvus Lite 2.5 file (this environment has Milvus Lite %s, which keeps a folder); "
                         "index with --store milvus:NEW.db here" % version)
@@ -183,6 +190,19 @@ def connect(spec, timeout=None):
         # asked first: Milvus Lite 2.5, failing to take the lock, removes the lock file of the process that holds it
         if _lite_locked(spec.lite):
             raise UserError("cannot open the Milvus Lite file %s: %s" % (spec.lite, LOCKED))
+    for attempt in range(1, LITE_START_TRIES + 1):
+        try:
+            return _client(pymilvus, spec, timeout)
+        except Exception as exc:   # pymilvus's own exceptions, and what Milvus Lite raises while it starts
+            if attempt == LITE_START_TRIES or not _lite_start_failed(spec, exc):
+                _refuse(spec, exc)
+            logging.getLogger(__name__).warning(
+                "Milvus Lite's engine for %s ended as it started (try %d of %d); starting it again in %.0f s",
+                spec.lite, attempt, LITE_START_TRIES, LITE_START_PAUSE_S * attempt)
+            time.sleep(LITE_START_PAUSE_S * attempt)
+
+
+def _client(pymilvus, spec, timeout):
     root = logging.getLogger()
     level = root.level
     try:
@@ -190,14 +210,31 @@ def connect(spec, timeout=None):
             warnings.simplefilter("ignore")      # milvus-lite 2.5 imports the deprecated pkg_resources
             root.setLevel(logging.CRITICAL)      # and logs its failures on the root logger
             return pymilvus.MilvusClient(spec.uri, timeout=timeout or CONNECT_TIMEOUT_S)
-    except Exception as exc:   # pymilvus's own exceptions, and what Milvus Lite raises while it starts
-        if spec.lite:
-            raise UserError("cannot open the Milvus Lite file %s: %s" % (spec.lite, _lite_problem(spec.lite, exc))
-                            ) from None
-        raise UserError("cannot reach the Milvus server %s (%s): %s; check that it runs and the address and port "
-                        "(--store milvus://HOST:PORT)" % (spec.uri, spec, _first_line(exc))) from None
     finally:
         root.setLevel(level)
+
+
+def _lite_start_failed(spec, exc):
+    """Whether `exc` is Milvus Lite 2.5's engine ending as it started while the file is new or reads as its own
+    (a damaged file, or one another process holds, fails every try: refused at once)."""
+    if (not spec.lite or not (lite_version() or "").startswith("2.") or _first_line(exc) != "Open local milvus failed"
+            or _lite_locked(spec.lite)):
+        return False
+    if not os.path.exists(spec.lite):
+        return True
+    if os.path.isdir(spec.lite):
+        return False
+    with open(spec.lite, "rb") as fh:
+        return fh.read(16) == SQLITE_HEADER
+
+
+def _refuse(spec, exc):
+    """Raise the one-line UserError of a store that `exc` kept from opening."""
+    if spec.lite:
+        raise UserError("cannot open the Milvus Lite file %s: %s" % (spec.lite, _lite_problem(spec.lite, exc))
+                        ) from None
+    raise UserError("cannot reach the Milvus server %s (%s): %s; check that it runs and the address and port "
+                    "(--store milvus://HOST:PORT)" % (spec.uri, spec, _first_line(exc))) from None
 
 
 def open_gallery(spec, timeout=None):
