@@ -163,7 +163,10 @@ def F_conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1
 
 
 def F_linear(input, weight, bias=None):
-    return _DENSE(input, weight, bias)
+    """As the layer's dense runs op by op: the weight transposed, MatMul, the bias added. (MindSpore's Dense in a
+    graph is MatMul with transpose_b, which on some CPUs, AVX-512 ones, rounds otherwise than op by op.)"""
+    out = torch_matmul(input, _TRANSPOSE(weight, (1, 0)))
+    return out if bias is None else _ADD(out, bias)
 
 
 def F_relu(input, inplace=False):
@@ -208,7 +211,8 @@ if _c.IS_MINDSPORE:
     from mindspore.ops import operations as _P
     from compat import graph_ops as _g
     _EXP, _LOG, _LOG1P, _SIGMOID, _SQRT, _ISINF = _P.Exp(), _P.Log(), _P.Log1p(), _P.Sigmoid(), _P.Sqrt(), _P.IsInf()
-    _MATMUL, _BATCH_MATMUL, _DENSE, _MAXIMUM = _P.MatMul(), _P.BatchMatMul(), _P.Dense(), _P.Maximum()
+    _MATMUL, _BATCH_MATMUL, _MAXIMUM = _P.MatMul(), _P.BatchMatMul(), _P.Maximum()
+    _TRANSPOSE, _ADD = _P.Transpose(), _P.Add()
     _ON, _OFF = _ms.Tensor(1, _ms.int64), _ms.Tensor(0, _ms.int64)
     _prim_c = _ops.constexpr(_prim, check=False)
     _arange_c = _ops.constexpr(_arange, check=False)
