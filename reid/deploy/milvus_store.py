@@ -161,12 +161,9 @@ def _lite_problem(path, exc):
         if version.startswith("2.") and folder:
             return ("it is a folder, as Milvus Lite 3 writes (this environment has Milvus Lite %s, which reads its "
                     "own single-file format); index with --store milvus:NEW.db here" % version)
-        if not version.startswith("2.") and not folder:
-            with open(path, "rb") as fh:
-                sqlite = fh.read(16) == SQLITE_HEADER
-            if sqlite:
-                return ("it is a Milvus Lite 2.5 file (this environment has Milvus Lite %s, which keeps a folder); "
-                        "index with --store milvus:NEW.db here" % version)
+        if not version.startswith("2.") and not folder and _sqlite_file(path):
+            return ("it is a Milvus Lite 2.5 file (this environment has Milvus Lite %s, which keeps a folder); "
+                    "index with --store milvus:NEW.db here" % version)
         return ("it is damaged or not a Milvus Lite database (%s); index again into a new file (or remove this one "
                 "first)" % _first_line(exc))
     return "%s; check the path" % _first_line(exc)
@@ -222,9 +219,12 @@ def _lite_start_failed(spec, exc):
         return False
     if not os.path.exists(spec.lite):
         return True
-    if os.path.isdir(spec.lite):
-        return False
-    with open(spec.lite, "rb") as fh:
+    return not os.path.isdir(spec.lite) and _sqlite_file(spec.lite)
+
+
+def _sqlite_file(path):
+    """Whether the file `path` begins as SQLite's files do (Milvus Lite 2.5's format)."""
+    with open(path, "rb") as fh:
         return fh.read(16) == SQLITE_HEADER
 
 
