@@ -14,11 +14,14 @@ SUFFIXES = {".py", ".md", ".yml", ".yaml", ".txt", ".toml", ".ini", ".cfg", ".sh
 
 
 def repo_files():
-    skip = {".git", ".venv", ".venv-torch", "output", "datasets", "__pycache__", ".pytest_cache", ".ruff_cache"}
-    for path in ROOT.rglob("*"):
-        rel = path.relative_to(ROOT)
-        if path.is_file() and not skip & set(rel.parts) and (path.suffix in SUFFIXES or path.name == "Makefile"):
-            yield rel, path.read_text(encoding="utf-8", errors="replace")
+    """The project's text files: hidden folders (.git, every .venv*), outputs and caches pruned, not walked."""
+    skip = {"output", "outputs", "datasets", "build", "__pycache__"}
+    for folder, dirs, files in os.walk(ROOT):
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in skip and not d.endswith(".egg-info"))
+        for name in sorted(files):
+            path = Path(folder) / name
+            if path.suffix in SUFFIXES or name == "Makefile":
+                yield path.relative_to(ROOT), path.read_text(encoding="utf-8", errors="replace")
 
 
 def test_every_cited_method_anchor_exists():
@@ -218,6 +221,40 @@ def test_every_relative_link_resolves():
     assert not problems, "\n".join(problems)
 
 
+# A path to a page, with or without an anchor, as code, configs and the Makefile cite it in comments and messages:
+# 'docs/performance.md#build-time', 'README.md#real-datasets'.
+DOC_CITATION = re.compile(r"(?<![\w./-])((?:docs/)?[\w-]+\.md|README\.md)(#[\w-]+)?")
+
+
+def citation_problems(rel, text):
+    """Citations of a Markdown page in a non-Markdown file that do not resolve: (line, citation, reason). A bare
+    page name ('method.md') is looked up in docs/; a name found in neither place is not a citation of ours."""
+    problems = []
+    for number, line in enumerate(text.splitlines(), 1):
+        for match in DOC_CITATION.finditer(line):
+            page, anchor = match.group(1), (match.group(2) or "")[1:]
+            candidates = [ROOT / page] if "/" in page or page == "README.md" else [ROOT / "docs" / page]
+            path = next((c for c in candidates if c.exists()), None)
+            if path is None:
+                if "/" in page or page == "README.md":
+                    problems.append((number, match.group(0), "%s does not exist" % page))
+                continue
+            if anchor and anchor not in anchors_of(str(path)):
+                problems.append((number, match.group(0), "no anchor #%s in %s" % (anchor, path.name)))
+    return problems
+
+
+def test_every_citation_of_a_page_in_code_resolves():
+    """Comments and messages in code, configs and the Makefile that send a reader to a page and a heading point at
+    ones that exist: renaming a heading without its citations fails here."""
+    problems = []
+    for rel, text in repo_files():
+        if rel.suffix == ".md" or rel == Path("tests/test_docs.py"):
+            continue
+        problems += ["%s:%d: %s: %s" % (rel, line, cited, why) for line, cited, why in citation_problems(rel, text)]
+    assert not problems, "\n".join(problems)
+
+
 def test_readme_stays_within_its_word_budget():
     words = len((ROOT / "README.md").read_text(encoding="utf-8").split())
     assert words <= README_WORD_BUDGET, ("README.md has %d words, over its budget of %d: move detail into the docs "
@@ -242,3 +279,9 @@ def test_the_checks_catch_what_is_broken(tmp_path):
                     "<!-- [commented](also_gone.md) -->\n")
     assert [(t, why) for _, t, why in link_problems(page, page.read_text())] == [
         ("no_such.md", "no_such.md does not exist"), ("#no-such-anchor", "no anchor #no-such-anchor in page.md")]
+    code = ("# see docs/testing.md#the-commands and method.md#training\n"
+            "# renamed: docs/testing.md#no-such-heading, docs/no_such.md, README.md#no-such-anchor\n")
+    assert citation_problems(Path("x.py"), code) == [
+        (2, "docs/testing.md#no-such-heading", "no anchor #no-such-heading in testing.md"),
+        (2, "docs/no_such.md", "docs/no_such.md does not exist"),
+        (2, "README.md#no-such-anchor", "no anchor #no-such-anchor in README.md")]
