@@ -11,6 +11,7 @@ import importlib
 import importlib.util
 import multiprocessing
 import os
+import sys
 import warnings
 
 from compat import shims, shims_ms27
@@ -64,10 +65,46 @@ def _layer_version(layer):
     return version
 
 
+PROTOBUF_VARIABLE = "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION"
+_before_mindspore = {}
+
+
+def protobuf_implementation_before_mindspore():
+    """(known, value): PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION as it was before this module imported MindSpore,
+    which sets it to "python" when unset (its checkpoint code is protobuf code generated in the old style, which
+    protobuf's C implementation refuses); known is False where this module has not imported MindSpore. A child
+    process that does not run MindSpore (the Milvus store's) gets the user's value back, and protobuf's C
+    implementation with it."""
+    return ("value" in _before_mindspore), _before_mindspore.get("value")
+
+
+def check_protobuf_for_mindspore():
+    """A one-line error, before MindSpore is imported, where protobuf's C implementation is already loaded: then
+    MindSpore's import fails on its generated code ("Descriptors cannot be created directly") and the process
+    crashes as it exits. What loaded it (pymilvus, onnx ...) has to come after MindSpore, or in another process."""
+    if "mindspore" in sys.modules or "google.protobuf" not in sys.modules:
+        return
+    try:
+        from google.protobuf.internal import api_implementation
+        kind = api_implementation.Type()
+    except Exception:   # a protobuf without the module: nothing known to refuse
+        return
+    if kind == "python":
+        return
+    users = [m for m in ("pymilvus", "onnx", "tensorboard", "grpc") if m in sys.modules]
+    raise UserError("MindSpore cannot be imported in this process: protobuf's %s implementation is already loaded%s, "
+                    "and MindSpore's generated protobuf code needs the pure-Python one; import compat (MindSpore) "
+                    "before that, or run it in another process (reid.deploy.milvus_store.open_store does for "
+                    "Milvus)" % (kind, " (by %s)" % ", ".join(users) if users else ""))
+
+
 def _import_torch_api_on_mindspore():
     """Return (torch, nn, F, layer_name, layer_version) for the MindSpore backend."""
     # MindSpore logs every warning of its device probes to stderr; keep only errors unless the user asked.
     os.environ.setdefault("GLOG_v", "3")
+    check_protobuf_for_mindspore()
+    if "mindspore" not in sys.modules:
+        _before_mindspore["value"] = os.environ.get(PROTOBUF_VARIABLE)
     try:
         import mindspore  # noqa: F401
     except ImportError as exc:

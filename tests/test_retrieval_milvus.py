@@ -135,6 +135,7 @@ def test_incremental_update_and_an_interrupted_upsert_equal_a_fresh_collection(w
     its first write, the collection keeps valid rows and the next run writes the rest. The result equals a
     collection made afresh from the folder (vectors to 1e-5: other batches)."""
     from reid.deploy import milvus_store
+    monkeypatch.setattr(milvus_store, "SEPARATE_PROCESS", False)    # the upsert patched below is this process's
     folder, change = _changed_folder(world, tmp_path)
     added = "cam/" + sorted(os.listdir(world["gallery"]))[20]
     db, fresh = str(tmp_path / "u.db"), str(tmp_path / "fresh.db")
@@ -190,6 +191,9 @@ def test_bad_milvus_stores_are_one_line_errors_that_change_nothing(world, tmp_pa
     import builtins
     from reid.deploy import milvus_store
     from tests.test_distributed import _free_port
+    # the timeout and the import patched below are this process's (tests/test_commands.py runs the commands,
+    # where the store is in a process of its own on MindSpore)
+    monkeypatch.setattr(milvus_store, "SEPARATE_PROCESS", False)
 
     def refused(args, *expected):
         with pytest.raises(UserError) as err:

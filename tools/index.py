@@ -157,8 +157,8 @@ def index_npz(args, labels, run):
 
 def index_milvus(args, spec, labels, run):
     from reid.deploy.gallery import plan_update, scan_gallery
-    from reid.deploy.milvus_store import MilvusGallery, write_plan
-    with MilvusGallery(spec) as gallery:
+    from reid.deploy.milvus_store import open_store, write_plan
+    with open_store(spec) as gallery:
         previous = None
         if gallery.exists():
             gallery.meta                   # a collection that is not an acl-reid index is never overwritten

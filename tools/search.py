@@ -142,28 +142,33 @@ def main(argv=None):
                             "--rerank, --aqe and --method faiss-* run on an .npz index (--index FILE)")
         gallery = open_gallery(spec)
         index, name, model = None, "collection %s of %s" % (gallery.name, spec), gallery.model
-    source = model.get("source") or {}
-    files, others = query_files(args.query, args.strict)
-    vis_files = resolve_vis(vis, files) if args.vis else []
-    query_labels = read_labels(args.query_labels) if args.query_labels else None   # keyed by absolute path
-    extractor = build_extractor(args, progress=not args.no_progress, source=source)
-    fix = ("search with the model the index was made with (leave out the model arguments), or index the gallery "
-           "with this one (tools/index.py --rebuild)")
-    check_same_model(name, model, extractor.describe(), fix)
-    features, kept, problems = extractor.extract_files([f for f, _ in files], "stop" if args.strict else "skip")
-    if not kept:
-        raise UserError("none of the %d query images could be read (first: %s: %s)" % (len(files), *problems[0]))
-    check_same_model(name, model, extractor.describe(), fix)
-    files = [files[i] for i in kept]
-    searched = {f: row for row, f in enumerate(kept)}
-    vis_rows = [searched[f] for f in vis_files if f in searched]    # unreadable queries are not searched
-    q_pids, q_camids = labels_for([os.path.abspath(f) if query_labels is not None else rel for f, rel in files],
-                                  query_labels)
+    try:     # a Milvus store is closed on every error (its process ended, a Milvus Lite file free again)
+        source = model.get("source") or {}
+        files, others = query_files(args.query, args.strict)
+        vis_files = resolve_vis(vis, files) if args.vis else []
+        query_labels = read_labels(args.query_labels) if args.query_labels else None   # keyed by absolute path
+        extractor = build_extractor(args, progress=not args.no_progress, source=source)
+        fix = ("search with the model the index was made with (leave out the model arguments), or index the gallery "
+               "with this one (tools/index.py --rebuild)")
+        check_same_model(name, model, extractor.describe(), fix)
+        features, kept, problems = extractor.extract_files([f for f, _ in files], "stop" if args.strict else "skip")
+        if not kept:
+            raise UserError("none of the %d query images could be read (first: %s: %s)" % (len(files), *problems[0]))
+        check_same_model(name, model, extractor.describe(), fix)
+        files = [files[i] for i in kept]
+        searched = {f: row for row, f in enumerate(kept)}
+        vis_rows = [searched[f] for f in vis_files if f in searched]    # unreadable queries are not searched
+        q_pids, q_camids = labels_for([os.path.abspath(f) if query_labels is not None else rel for f, rel in files],
+                                      query_labels)
 
-    cameras = (index.camids != UNKNOWN).any() if index is not None else gallery.has_cameras()
-    if args.filter != "none" and not cameras:
-        raise UserError("--filter %s needs camera ids, and the index has none (Market-1501-style names, or "
-                        "tools/index.py --labels); search without --filter" % args.filter)
+        cameras = (index.camids != UNKNOWN).any() if index is not None else gallery.has_cameras()
+        if args.filter != "none" and not cameras:
+            raise UserError("--filter %s needs camera ids, and the index has none (Market-1501-style names, or "
+                            "tools/index.py --labels); search without --filter" % args.filter)
+    except BaseException:
+        if gallery is not None:
+            gallery.close()
+        raise
     rank1 = None
     if index is not None:
         root = os.path.abspath(args.gallery) if args.gallery else index.root

@@ -24,11 +24,22 @@ request), inner product (cosine similarity of normalised features); the filters 
 Milvus filter expressions, one search per distinct query camera (or person and camera).
 
 pymilvus is optional: without it a Milvus store is a one-line error that names the pip command.
+
+pymilvus and MindSpore in one process: MindSpore's checkpoint code is protobuf code generated in the old style,
+which protobuf's C implementation (upb) refuses, so MindSpore cannot be imported once pymilvus has loaded that
+implementation; importing MindSpore first (it asks for protobuf's pure-Python implementation) lets pymilvus
+work, an order of magnitude slower when writing. So where this process runs MindSpore, open_store() puts the
+collection in a process of its own (GalleryProcess: a fresh interpreter without MindSpore, where pymilvus has
+protobuf's C implementation) and forwards every call there.
 """
+import importlib.util
 import json
 import logging
 import os
+import subprocess
+import sys
 import time
+import traceback
 import warnings
 
 import numpy as np
@@ -57,6 +68,7 @@ LITE_START_TRIES = 3
 LITE_START_PAUSE_S = 1.0
 LOCKED = "it is open in another process (Milvus Lite allows one at a time); wait for it or stop it"
 SQLITE_HEADER = b"SQLite format 3\x00"   # the first bytes of a Milvus Lite 2.5 file
+PROTOBUF_VARIABLE = "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION"
 PIP = "pip install -r requirements.txt (or requirements-torch.txt): pymilvus and milvus-lite"
 
 
@@ -237,14 +249,37 @@ def _refuse(spec, exc):
                     "(--store milvus://HOST:PORT)" % (spec.uri, spec, _first_line(exc))) from None
 
 
+# Where the collection is opened: None decides by the process (runs_mindspore()); True / False force a process of
+# its own or this one (the tests that patch this module's functions, the benchmark's comparison)
+SEPARATE_PROCESS = None
+
+
+def runs_mindspore():
+    """Whether this process runs (or will import) MindSpore: the MindSpore backend, installed here."""
+    if "mindspore" in sys.modules:
+        return True
+    from compat.backend import requested_backend
+    return requested_backend() == "mindspore" and importlib.util.find_spec("mindspore") is not None
+
+
+def open_store(spec, timeout=None):
+    """The gallery collection of `spec`: a MilvusGallery in this process, or, where this process runs MindSpore,
+    a GalleryProcess with the same methods (the module docstring says why)."""
+    separate = runs_mindspore() if SEPARATE_PROCESS is None else SEPARATE_PROCESS
+    return GalleryProcess(spec, timeout) if separate else MilvusGallery(spec, timeout)
+
+
 def open_gallery(spec, timeout=None):
-    """The MilvusGallery of `spec` that tools/index.py wrote (an error when there is none)."""
-    gallery = MilvusGallery(spec, timeout)
-    if not gallery.exists():
+    """The gallery collection of `spec` that tools/index.py wrote (an error when there is none): open_store's."""
+    gallery = open_store(spec, timeout)
+    try:
+        if not gallery.exists():
+            raise UserError("%s holds no collection %s; write it with tools/index.py --gallery DIR --store %s"
+                            % (spec, spec.collection, spec))
+        gallery.meta
+    except BaseException:
         gallery.close()
-        raise UserError("%s holds no collection %s; write it with tools/index.py --gallery DIR --store %s"
-                        % (spec, spec.collection, spec))
-    gallery.meta
+        raise
     return gallery
 
 
@@ -413,8 +448,7 @@ class MilvusGallery:
     def upsert(self, paths, features, pids, camids, sizes, mtimes, progress=None, new=False):
         """Insert or replace the rows of `paths`, in batches (UPSERT_BYTES); `new`: rows of paths the
         collection does not hold (inserted: Milvus does not look for the rows they replace)."""
-        budget = UPSERT_BYTES * (1 if self.spec.lite and (lite_version() or "").startswith("2.") else LARGER_WRITES)
-        step = max(1, budget // max(1, 4 * int(features.shape[1]) if len(paths) else 1))
+        step = _write_rows(self.spec, features)
         write = self.client.insert if new else self.client.upsert
         for start in range(0, len(paths), step):
             stop = min(start + step, len(paths))
@@ -499,6 +533,148 @@ class MilvusGallery:
             counted += 1
             hits += int(bool(row) and row[0][2] == pid)
         return (100.0 * hits / counted if counted else float("nan")), counted
+
+
+def _write_rows(spec, features):
+    """Rows per write call of (N, D) `features` into the store `spec` (UPSERT_BYTES, LARGER_WRITES)."""
+    budget = UPSERT_BYTES * (1 if spec.lite and (lite_version() or "").startswith("2.") else LARGER_WRITES)
+    return max(1, budget // max(1, 4 * int(features.shape[1]) if len(features) else 1))
+
+
+class GalleryProcess:
+    """A MilvusGallery in a child process of its own (the module docstring says why): the same methods and
+    properties, each call sent to the child and its answer (or its exception: a UserError is the same one-line
+    error) returned. The child is a fresh interpreter that imports this module and pymilvus, never MindSpore,
+    with protobuf's implementation as the user's environment had it before MindSpore set it. close() ends it
+    and waits, so that a Milvus Lite file is free again when it returns."""
+
+    PROPERTIES = ("meta", "model", "root")
+    STOP_S = 60
+
+    def __init__(self, spec, timeout=None):
+        from multiprocessing.connection import Connection
+        self.spec, self.name = spec, spec.collection
+        if importlib.util.find_spec("pymilvus") is None:
+            import_pymilvus()         # its one-line error
+        reads, to_child = os.pipe()
+        from_child, writes = os.pipe()
+        package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            [package_root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+        from compat.backend import protobuf_implementation_before_mindspore
+        known, value = protobuf_implementation_before_mindspore()
+        if known:
+            env.pop(PROTOBUF_VARIABLE, None)
+            if value is not None:
+                env[PROTOBUF_VARIABLE] = value
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-c", "from reid.deploy.milvus_store import _serve; _serve(%d, %d)" % (reads, writes)],
+                pass_fds=(reads, writes), env=env, stdin=subprocess.DEVNULL)
+        finally:
+            os.close(reads)
+            os.close(writes)
+        self._send, self._receive = Connection(to_child, readable=False), Connection(from_child, writable=False)
+        try:
+            self._call("open", spec, timeout)
+        except BaseException:
+            self.close()
+            raise
+
+    def _call(self, name, *args, **kwargs):
+        if self.process is None:
+            raise UserError("Milvus store %s: the connection is closed" % self.spec)
+        try:
+            self._send.send((name, args, kwargs))
+            ok, value = self._receive.recv()
+        except (EOFError, OSError):
+            status = self.process.wait()
+            self.process = None
+            raise UserError("the process that holds the Milvus store %s ended (status %s; its error, if any, is "
+                            "above); run again" % (self.spec, status)) from None
+        if ok:
+            return value
+        raise value
+
+    def __getattr__(self, name):
+        if name.startswith("_") or name in ("process", "spec", "name"):
+            raise AttributeError(name)
+        if name in self.PROPERTIES:
+            return self._call("getattr", name)
+        return lambda *args, **kwargs: self._call("method", name, *args, **kwargs)
+
+    def upsert(self, paths, features, pids, camids, sizes, mtimes, progress=None, new=False):
+        """MilvusGallery.upsert, sent to the child one write call at a time (so `progress` is called here)."""
+        step = _write_rows(self.spec, features)
+        for start in range(0, len(paths), step):
+            stop = min(start + step, len(paths))
+            self._call("method", "upsert", list(paths[start:stop]), np.asarray(features[start:stop], np.float32),
+                       *(np.asarray(a[start:stop], np.int64) for a in (pids, camids, sizes, mtimes)), new=new)
+            if progress is not None:
+                progress(stop - start)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self):
+        """Close the collection and end the child (killed if it does not end within STOP_S)."""
+        if getattr(self, "process", None) is None:
+            return
+        try:
+            self._send.send(("close", (), {}))
+        except OSError:
+            pass
+        for conn in (self._send, self._receive):
+            conn.close()
+        try:
+            self.process.wait(self.STOP_S)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.process = None
+
+
+def _serve(reads, writes):
+    """The child of a GalleryProcess: open the collection, then answer calls until "close" or the end of the
+    pipe. An exception goes back to the caller (as text when it cannot be pickled)."""
+    from multiprocessing.connection import Connection
+    from compat.errors import install_excepthook
+    install_excepthook()
+    receive, send = Connection(reads, writable=False), Connection(writes, readable=False)
+    gallery = None
+    try:
+        while True:
+            try:
+                name, args, kwargs = receive.recv()
+            except EOFError:
+                return
+            if name == "close":
+                return
+            try:
+                if name == "open":
+                    gallery = MilvusGallery(*args, **kwargs)
+                    value = None
+                elif name == "getattr":
+                    value = getattr(gallery, args[0])
+                else:
+                    value = getattr(gallery, args[0])(*args[1:], **kwargs)
+                answer = (True, value)
+            except Exception as exc:
+                answer = (False, exc if isinstance(exc, UserError) else RuntimeError(
+                    "in the Milvus process: %s" % "".join(traceback.format_exception_only(type(exc), exc)).strip()))
+            try:
+                send.send(answer)
+            except Exception as exc:   # a value that does not pickle
+                send.send((False, RuntimeError("in the Milvus process: %s: %s" % (type(exc).__name__, exc))))
+    except KeyboardInterrupt:
+        return
+    finally:
+        if gallery is not None:
+            gallery.close()
+        send.close()
 
 
 class StoredRows:
