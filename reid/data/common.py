@@ -59,6 +59,11 @@ def _header_problem(path):
             tail = fh.read()
     except OSError as exc:
         return exc.strerror or str(exc)
+    return _ends_problem(head, tail)
+
+
+def _ends_problem(head, tail):
+    """The reason an image whose first 16 bytes are `head` and last few kB `tail` is not whole, or None."""
     if head.startswith(_JPEG_MAGIC):
         if b"\xff\xd9" not in tail:
             return "truncated JPEG (no end-of-image marker)"
@@ -74,11 +79,15 @@ def _header_problem(path):
 
 def _decode(path):
     """(RGB uint8 image, None) or (None, reason)."""
-    import cv2
     try:
         buf = np.fromfile(path, dtype=np.uint8)  # also handles non-ASCII paths, unlike cv2.imread
     except OSError as exc:
         return None, exc.strerror or str(exc)
+    return _decode_buffer(buf)
+
+
+def _decode_buffer(buf):
+    import cv2
     if buf.size == 0:
         return None, "empty file"
     try:
@@ -97,6 +106,17 @@ def image_or_problem(path):
     if reason is not None:
         return None, reason
     return _decode(path)
+
+
+def image_bytes_or_problem(data):
+    """image_or_problem for the bytes of an image file (an upload): the same checks and the same decoder, so
+    that the same file gives the same array either way."""
+    if not data:
+        return None, "empty file"
+    reason = _ends_problem(bytes(data[:16]), bytes(data[-_JPEG_TAIL_WINDOW:]))
+    if reason is not None:
+        return None, reason
+    return _decode_buffer(np.frombuffer(data, np.uint8))
 
 
 def read_image(path, on_bad="stop"):
