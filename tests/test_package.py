@@ -17,7 +17,8 @@ BIN = os.path.dirname(sys.executable)
 # console command -> the script of a checkout that runs the same main()
 COMMANDS = {"acl-reid-train": "train.py", "acl-reid-test": "test.py", "acl-reid-export": "tools/export.py",
             "acl-reid-convert": "tools/convert.py", "acl-reid-index": "tools/index.py",
-            "acl-reid-search": "tools/search.py", "acl-reid-sweep": "tools/sweep.py"}
+            "acl-reid-search": "tools/search.py", "acl-reid-serve": "tools/serve.py",
+            "acl-reid-sweep": "tools/sweep.py"}
 
 
 def outside(args, cwd, env=None, timeout=300):
@@ -120,4 +121,5 @@ def test_a_wheel_carries_the_commands_code_and_configs(tmp_path):
     assert where == str(target / "reid" / "__init__.py")
     assert config == str(target / "reid" / "configs" / "synthetic" / "baseline.yml")
     assert (target / "reid" / "configs" / "Base-ACL.yml").exists()          # _BASE_ of the protocol configs
+    assert (target / "reid" / "deploy" / "static" / "index.html").exists()  # the search server's page
     assert not (target / "tests").exists() and not (target / "bench").exists()
