@@ -211,6 +211,7 @@ def init(device="cpu", timeout_s=DEFAULT_TIMEOUT_S):
         finally:
             mindspore.set_context(mode=mindspore.PYNATIVE_MODE)
         grp = Group(get_rank(), get_group_size())
+        _state["cluster"] = True
     else:
         import torch.distributed as dist
         backend = "nccl" if str(device).lower() in ("gpu", "cuda") else "gloo"
@@ -222,6 +223,25 @@ def init(device="cpu", timeout_s=DEFAULT_TIMEOUT_S):
                         % (grp.world_size, world))
     _state["group"] = grp
     return grp
+
+
+def leave(status=0):
+    """End this process, a rank of a MindSpore cluster whose work is done, with `status`: its output flushed,
+    without the interpreter's shutdown. There MindSpore 2.7's exit handlers log its cluster connections at INFO
+    level whatever GLOG_v says ("[INFO] PS(...) tcp_client.cc ... Event base dispatch success!", after the
+    command's result) and at times crash (SIGSEGV, which the launcher reports as a failed rank). Anywhere
+    else (torch, a single process) it returns and the process ends as usual."""
+    if not _state.get("cluster"):
+        return
+    import logging
+    import sys
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(status)
 
 
 def _keep_user_errors_visible():

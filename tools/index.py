@@ -117,6 +117,7 @@ def main(argv=None):
     run = ShardRun(group, folder) if group is not None and group.world_size > 1 else None
     if run is not None and not group.is_main:
         run.work(build_extractor(args, progress=False), args.strict)
+        leave()
         return
     from reid.deploy.gallery import read_labels
     labels = read_labels(args.labels, args.gallery) if args.labels else None
@@ -126,6 +127,13 @@ def main(argv=None):
         index_milvus(args, spec, labels, run)
     if run is not None:
         run.finish()
+        leave()
+
+
+def leave():
+    """A rank of a MindSpore cluster ends here, its work done (compat.distributed.leave says why)."""
+    import compat
+    compat.distributed.leave()
 
 
 def _extract(args, extractor, plan, run):
