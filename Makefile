@@ -159,3 +159,17 @@ test-mindtorch: setup-mindtorch setup-torch
 # The MindSpore 2.7 stack's part of `make test` alone.
 test-ms27: setup-ms27 setup-torch
 	@$(MAKE) --no-print-directory suite-ms27
+
+# The search page's test (tests/test_serve_browser.py) drives Debian's chromium through chromium-driver. `make test`
+# installs them where they are missing (as root, with apt-get) and has the torch suite fail that test, instead of
+# skipping it, when the browser still cannot run.
+.PHONY: browser
+test: browser
+suite-torch: export REID_BROWSER_TEST = 1
+browser:
+	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "make browser: installing chromium and chromium-driver (apt-get) for the search page's test"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
+	else echo "make browser: chromium / chromium-driver missing and cannot be installed here (not root, or no" \
+		"apt-get); tests/test_serve_browser.py will fail: apt-get install chromium chromium-driver"; fi

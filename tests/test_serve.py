@@ -79,9 +79,11 @@ def post_image(client, path, params="", name=None, base="", **kwargs):
 
 
 def search_py(world, index_file, files, tmp_path, *extra):
+    os.makedirs(str(tmp_path), exist_ok=True)
     out = str(tmp_path / ("r%d.json" % len(os.listdir(str(tmp_path)))))
-    tool("search").main(["--index", index_file, "--query"] + list(files) + ["--output", out, "--engine", "eager",
-                                                                            "--no-progress"] + list(extra))
+    where = ["--index", index_file] if index_file else []
+    tool("search").main(where + ["--query"] + list(files) + ["--output", out, "--engine", "eager", "--no-progress"]
+                        + list(extra))
     return json.load(open(out))
 
 
@@ -404,3 +406,29 @@ def test_the_real_server_answers_and_sigterm_lets_requests_finish(world, index_f
             proc.kill()
     with pytest.raises(httpx.TransportError):
         httpx.get(url + "api/health", timeout=5)
+
+
+# ------------------------------------------------------------------------------------------ a Milvus store
+def test_a_milvus_store_is_served_with_the_lists_of_search_py(world, model, tmp_path):
+    """The gallery indexed into Milvus Lite (--store milvus:PATH.db): the API's lists are tools/search.py
+    --store's (searched first: Milvus Lite lets one process at a time hold the file), ids name the matches."""
+    pytest.importorskip("pymilvus", reason="pymilvus is in both environments' requirements: run 'make setup'")
+    from fastapi.testclient import TestClient
+    from reid.deploy.server import Service, ServeSettings, build_app
+    store = "milvus:" + str(tmp_path / "g.db")
+    tool("index").main(["--gallery", world["gallery"], "--store", store, "--config-file", DEMO, "--engine", "eager",
+                        "--no-progress"] + opts_for(world))
+    files = queries(world, 3)
+    reference = search_py(world, None, files, tmp_path / "out", "--topk", "8", "--filter", "camera", "--store", store)
+    settings = ServeSettings(store=store, max_batch=8, reload_s=0)
+    service = Service(settings, model[1], model_pool=model[0])
+    with TestClient(build_app(settings, service=service)) as client:
+        summary = client.get("/api/summary").json()
+        assert summary["images"] == 69 and summary["store"] == store and summary["vector_index"] == "FLAT"
+        for path, want in zip(files, reference):
+            got = post_image(client, path, "?topk=8&filter=camera").json()
+            assert_same_entry(got, want)
+            for m in got["matches"]:
+                assert client.get("/api/gallery/%d" % m["id"]).json()["path"] == m["path"]
+        refused = post_image(client, files[0], "?method=faiss-flat")
+        assert refused.status_code == 400 and "its own vector index" in refused.json()["error"]

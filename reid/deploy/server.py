@@ -8,10 +8,12 @@ What it is made of:
   collection (`MilvusView`); each answers with the lists tools/search.py writes, plus each match's gallery id
   (its row in the index, or its place in the collection's sorted paths).
 - `Batcher`: requests that arrive together share one extraction. Each request puts its decoded image on an
-  asyncio queue; a collector takes the first, waits up to `window_s` for more (at most `max_batch`), and runs
-  the batch through the FeatureExtractor on one dedicated thread (the framework is only ever called from that
-  thread: the model is also built there). The network's output for an image does not depend on the images
-  beside it in the batch, so a batched query gets the features it would get alone (to float rounding).
+  asyncio queue; a collector takes the first and every one queued behind it (at most `max_batch`), waits up to
+  `window_s` for those still being uploaded or decoded (none on their way: no wait), and runs the batch through
+  the FeatureExtractor on one dedicated thread (the framework is only ever called from that thread: the model
+  is also built there). Requests that arrive while a batch runs queue up for the next. The network's output
+  for an image does not depend on the images beside it in the batch (eval mode), so a batched query gets the
+  features it would get alone, to float rounding.
 - The search itself runs on a small thread pool, off the event loop; so do decoding and index reloads.
 
 Limits (ServeSettings): the upload size, the pixel count (checked from the image header before decoding), top-k
@@ -300,11 +302,14 @@ class Batcher:
     """Dynamic batching of feature extraction (module docstring): `submit(image)` from request handlers, `run()`
     as one task of the event loop. `extract(list of images) -> (N, D)` runs on `pool` (one thread)."""
 
+    POLL_S = 0.002        # how often the collector looks again whether requests are still on their way
+
     def __init__(self, extract, pool, max_batch, window_s):
         self.extract, self.pool = extract, pool
         self.max_batch, self.window_s = max(1, int(max_batch)), max(0.0, float(window_s))
         self.queue = None
         self.batches = self.images = self.largest = 0
+        self.on_the_way = 0    # requests being read or decoded, whose images will be submitted (event loop only)
 
     async def submit(self, image):
         future = asyncio.get_running_loop().create_future()
@@ -317,12 +322,16 @@ class Batcher:
             batch = [await self.queue.get()]
             deadline = loop.time() + self.window_s
             while len(batch) < self.max_batch:
+                if not self.queue.empty():
+                    batch.append(self.queue.get_nowait())
+                    continue
                 left = deadline - loop.time()
-                try:
-                    batch.append(self.queue.get_nowait() if left <= 0 else
-                                 await asyncio.wait_for(self.queue.get(), left))
-                except (asyncio.QueueEmpty, asyncio.TimeoutError):
+                if left <= 0 or not self.on_the_way:
                     break
+                try:
+                    batch.append(await asyncio.wait_for(self.queue.get(), min(left, self.POLL_S)))
+                except asyncio.TimeoutError:
+                    pass
             batch = [(image, future) for image, future in batch if not future.done()]  # clients that left
             if not batch:
                 continue
@@ -368,7 +377,7 @@ def decode_upload(data, max_pixels):
     return image
 
 
-def read_gallery_image(path, max_pixels):
+def read_gallery_image(path):
     from reid.data.common import image_or_problem
     image, reason = image_or_problem(path)
     if image is None:
@@ -459,20 +468,26 @@ class Service:
             raise ApiError(400, "filter %s needs camera ids, and the index has none; search with filter=none"
                            % mode)
 
-    async def search(self, image, query, q_pid, q_camid, topk, mode, method):
-        """The entry tools/search.py writes for one query (plus each match's id), and the snapshot searched."""
+    async def search(self, image, query, q_pid, q_camid, topk, mode, method, timing=None):
+        """The entry tools/search.py writes for one query (plus each match's id), and the snapshot searched;
+        `timing` (a dict) gets the seconds spent waiting for the features (queue and extraction) and searching."""
         from reid.deploy.gallery import UNKNOWN
+        timing = {} if timing is None else timing
         snap = self.gallery.snapshot()
         self.options(topk, mode, method, snap)
+        start = time.perf_counter()
         feature = await self.batcher.submit(image)
+        timing["extract"] = time.perf_counter() - start
         loop = asyncio.get_running_loop()
         pid = UNKNOWN if q_pid is None else q_pid
         camid = UNKNOWN if q_camid is None else q_camid
+        start = time.perf_counter()
         try:
             lists = await loop.run_in_executor(self.search_pool, self.gallery.search, snap, feature[None], topk,
                                                mode, np.array([pid]), np.array([camid]), method)
         except UserError as exc:
             raise ApiError(400, str(exc)) from None
+        timing["search"] = time.perf_counter() - start
         entry = {"query": query}
         if q_pid is not None:
             entry["pid"] = int(q_pid)
@@ -682,8 +697,10 @@ def build_app(settings, extractor_factory=None, warm_up=True, ready=None, servic
         return (_int_param(request, "topk", 10), request.query_params.get("filter", "none"),
                 request.query_params.get("method", "exact"))
 
-    def answer(entry, snap):
-        return JSONResponse(entry, headers={"X-Index-Generation": str(snap.generation)})
+    def answer(entry, snap, timing):
+        """The JSON, the index generation searched, and where the time went (Server-Timing, milliseconds)."""
+        spent = ", ".join("%s;dur=%.1f" % (k, v * 1000) for k, v in timing.items())
+        return JSONResponse(entry, headers={"X-Index-Generation": str(snap.generation), "Server-Timing": spent})
 
     @app.post("/api/search", summary="Search the gallery for an uploaded image", openapi_extra=search_doc,
               description="The JSON of one tools/search.py result, each match with its gallery id. " + params_doc)
@@ -691,12 +708,20 @@ def build_app(settings, extractor_factory=None, warm_up=True, ready=None, servic
         svc = current()
         topk, mode, method = search_params(request)
         svc.options(topk, mode, method, svc.gallery.snapshot())     # before the upload is read
-        data, name = await _upload(request, settings)
-        loop = asyncio.get_running_loop()
-        image = await loop.run_in_executor(svc.search_pool, decode_upload, data, settings.max_pixels)
-        pid, camid = _query_ids(request, name)
-        entry, snap = await svc.search(image, name or "upload", pid, camid, topk, mode, method)
-        return answer(entry, snap)
+        start = time.perf_counter()
+        svc.batcher.on_the_way += 1
+        try:
+            data, name = await _upload(request, settings)
+            timing = {"upload": time.perf_counter() - start}
+            loop = asyncio.get_running_loop()
+            start = time.perf_counter()
+            image = await loop.run_in_executor(svc.search_pool, decode_upload, data, settings.max_pixels)
+            timing["decode"] = time.perf_counter() - start
+            pid, camid = _query_ids(request, name)
+        finally:    # nothing awaits from here to the image's place in the queue (Service.search)
+            svc.batcher.on_the_way -= 1
+        entry, snap = await svc.search(image, name or "upload", pid, camid, topk, mode, method, timing)
+        return answer(entry, snap, timing)
 
     def gallery_record(gid, request):
         svc = current()
@@ -718,10 +743,16 @@ def build_app(settings, extractor_factory=None, warm_up=True, ready=None, servic
         topk, mode, method = search_params(request)
         svc.options(topk, mode, method, snap)
         loop = asyncio.get_running_loop()
-        image = await loop.run_in_executor(svc.search_pool, read_gallery_image, path, settings.max_pixels)
+        start = time.perf_counter()
+        svc.batcher.on_the_way += 1
+        try:
+            image = await loop.run_in_executor(svc.search_pool, read_gallery_image, path)
+        finally:
+            svc.batcher.on_the_way -= 1
+        timing = {"decode": time.perf_counter() - start}
         pid, camid = _int_param(request, "pid", pid), _int_param(request, "camid", camid)
-        entry, snap = await svc.search(image, path, pid, camid, topk, mode, method)
-        return answer(entry, snap)
+        entry, snap = await svc.search(image, path, pid, camid, topk, mode, method, timing)
+        return answer(entry, snap, timing)
 
     @app.get("/api/gallery/{gid}", summary="A gallery image's record: path, pid, camid")
     async def gallery_item(gid: int, request: Request):
@@ -758,6 +789,9 @@ def run_server(settings, extractor_factory, host="127.0.0.1", port=8000, log_lev
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    # the connections accepted inherit it: without, a keep-alive client waits out its delayed ACK (~40 ms) on
+    # every answer written in two parts (headers, body)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
         sock.bind((host, port))
     except OSError as exc:
