@@ -111,13 +111,22 @@ def test_the_page_searches_as_a_person_would(driver, server, world, tmp_path):  
     wait.until(ec.text_to_be_present_in_element((By.ID, "chips"), "69 gallery images"))
     assert "token" not in driver.current_url and not driver.find_element(By.ID, "login").is_displayed()
 
-    # a phone's width: one column, nothing wider than the screen
-    driver.set_window_size(390, 844)
-    driver.find_element(By.ID, "file").send_keys(query)
-    wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#grid .match")) == 10)
-    assert driver.execute_script("return document.documentElement.scrollWidth <= window.innerWidth")
-    driver.save_screenshot(os.path.join(shots(tmp_path), "serve_page_phone.png"))
-    driver.set_window_size(1280, 860)
+    # a phone's screen (390 x 844 CSS pixels, emulated): one column, nothing wider than the screen
+    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {"width": 390, "height": 844,
+                                                                   "deviceScaleFactor": 2, "mobile": True})
+    try:
+        driver.get(server)
+        wait.until(ec.text_to_be_present_in_element((By.ID, "chips"), "69 gallery images"))
+        driver.find_element(By.ID, "file").send_keys(query)
+        wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#grid .match")) == 10)
+        assert driver.execute_script("return window.innerWidth") == 390
+        assert driver.execute_script("return document.documentElement.scrollWidth <= window.innerWidth")
+        lefts = driver.execute_script("return [document.querySelector('aside').getBoundingClientRect().left, "
+                                      "document.querySelector('section').getBoundingClientRect().left]")
+        assert abs(lefts[0] - lefts[1]) < 1          # the query panel above the results, not beside them
+        driver.save_screenshot(os.path.join(shots(tmp_path), "serve_page_phone.png"))
+    finally:
+        driver.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
 
 
 def test_a_missing_browser_fails_where_it_was_asked_for(tmp_path):
