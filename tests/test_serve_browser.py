@@ -20,25 +20,31 @@ TOKEN = "page-test-token"
 
 
 def browser_or_why():
-    """(selenium's webdriver module, None), or (None, what is missing)."""
-    missing = [path for path in (CHROMIUM, DRIVER) if not os.path.exists(path)]
-    try:
-        import fastapi  # noqa: F401
-        from selenium import webdriver
-    except ImportError as exc:
-        return None, "the Python module %s (requirements-torch.txt)" % exc.name
+    """(selenium's webdriver module, None), or (None, everything that is missing)."""
+    missing = []
+    for module, where in (("fastapi", "requirements-torch.txt"), ("selenium", "requirements-torch.txt")):
+        try:
+            __import__(module)
+        except ImportError:
+            missing.append("the Python module %s (%s)" % (module, where))
+    absent = [path for path in (CHROMIUM, DRIVER) if not os.path.exists(path)]
+    if absent:
+        missing.append("%s (apt-get install chromium chromium-driver, or make browser)" % " and ".join(absent))
     if missing:
-        return None, "%s (apt-get install chromium chromium-driver, or make browser)" % " and ".join(missing)
+        return None, "; ".join(missing)
+    from selenium import webdriver
     return webdriver, None
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def driver(tmp_path_factory):
+    """The browser; session-scoped and first in the test's arguments, so that a missing browser is reported
+    before the session's synthetic data and model are made."""
     webdriver, why = browser_or_why()
     if webdriver is None:
         if os.environ.get("REID_BROWSER_TEST") == "1":
             pytest.fail("the page's browser test was asked for (REID_BROWSER_TEST=1) and cannot run: missing " + why)
-        pytest.skip("no browser here: missing %s; make test installs it and runs this test" % why)
+        pytest.skip("no browser here: missing %s; the torch suite of make test runs this test" % why)
     from selenium.webdriver.chrome.service import Service
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
@@ -144,4 +150,4 @@ def test_a_missing_browser_fails_where_it_was_asked_for(tmp_path):
                               capture_output=True, text=True, timeout=600, env=dict(env, REID_BROWSER_TEST=asked),
                               cwd=root)
         assert outcome in proc.stdout, proc.stdout[-2000:]
-        assert "missing /nonexistent/chromium" in proc.stdout, proc.stdout[-2000:]
+        assert "/nonexistent/chromium (apt-get install chromium chromium-driver" in proc.stdout, proc.stdout[-2000:]

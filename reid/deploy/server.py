@@ -51,14 +51,19 @@ STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
+WEB_MODULES = (("fastapi", "fastapi"), ("uvicorn", "uvicorn"), ("python_multipart", "python-multipart"))
+
+
 def require_web():
-    """The web modules, or a one-line error naming what to install."""
-    try:
-        import fastapi  # noqa: F401
-        import python_multipart  # noqa: F401   (FastAPI's form parser)
-        import uvicorn  # noqa: F401
-    except ImportError as exc:
-        raise UserError("the search server needs %s, which is not installed here; %s" % (exc.name, PIP)) from None
+    """The web modules, or a one-line error naming those missing and what to install."""
+    missing = []
+    for module, package in WEB_MODULES:
+        try:
+            __import__(module)
+        except ImportError:
+            missing.append(package)
+    if missing:
+        raise UserError("the search server needs %s, not installed here; %s" % (" and ".join(missing), PIP))
 
 
 def is_loopback(host):
