@@ -53,9 +53,10 @@ def index(world, store, gallery, *extra, arch="acl"):
 
 
 def rows(path):
-    """{field: list} of every row of the collection in the Milvus Lite file `path`, sorted by path."""
-    from reid.deploy.milvus_store import MilvusGallery, parse_store
-    with MilvusGallery(parse_store("milvus:" + path)) as gallery:
+    """{field: list} of every row of the collection in the Milvus Lite file `path`, sorted by path (opened as the
+    tools open it: in a process of its own on MindSpore, which leaves the file free again for them)."""
+    from reid.deploy.milvus_store import open_store, parse_store
+    with open_store(parse_store("milvus:" + path)) as gallery:
         out = gallery.rows(("path", "vector", "pid", "camid", "size", "mtime"))
         out["meta"] = gallery.meta
     out["vector"] = np.asarray(out["vector"], np.float32)
