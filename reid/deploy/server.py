@@ -487,9 +487,9 @@ class Service:
         pid = UNKNOWN if q_pid is None else q_pid
         camid = UNKNOWN if q_camid is None else q_camid
         start = time.perf_counter()
+        args = (snap, feature[None], topk, mode, np.array([pid]), np.array([camid]), method)
         try:
-            lists = await loop.run_in_executor(self.search_pool, self.gallery.search, snap, feature[None], topk,
-                                               mode, np.array([pid]), np.array([camid]), method)
+            lists = await loop.run_in_executor(self.search_pool, self.gallery.search, *args)
         except UserError as exc:
             raise ApiError(400, str(exc)) from None
         timing["search"] = time.perf_counter() - start
@@ -653,6 +653,16 @@ def build_app(settings, extractor_factory=None, warm_up=True, ready=None, servic
         text = {404: "no such page: %s" % request.url.path[:200],
                 405: "method %s is not allowed on %s" % (request.method, request.url.path[:200])}
         return error(exc.status_code, text.get(exc.status_code, str(exc.detail)))
+
+    @app.exception_handler(UserError)
+    async def user_error(request, exc):
+        return error(400, str(exc))
+
+    @app.exception_handler(Exception)
+    async def server_error(request, exc):     # a fault of the server's: logged with its trace, answered in JSON
+        logger.exception("%s %s failed", request.method, request.url.path)
+        return error(500, "the server failed on this request (%s: %s); its log has the details"
+                     % (type(exc).__name__, str(exc).splitlines()[0][:200] if str(exc) else ""))
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request, exc):
