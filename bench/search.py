@@ -17,8 +17,10 @@ our search over a float16 gallery (tools/index.py --float16: half the memory).
 gallery inserted into a collection of a new Milvus Lite file, then searched with its FLAT (exact), IVF_FLAT
 and HNSW indexes. The MindSpore environment has Milvus Lite 2.5 (its C++ engine runs in a child process;
 FLAT and IVF only), the torch environment Milvus Lite 3 (in the process, on faiss); --milvus picks them
-(ENV:INDEX[:python]; python: pymilvus on protobuf's pure-Python implementation, which MindSpore 2.0 sets for
-any process that imports it, tools/index.py on the MindSpore backend included):
+(ENV:INDEX[:MODE]; python: pymilvus on protobuf's pure-Python implementation, which MindSpore sets for any
+process that imports it; ms-here: MindSpore imported first (through compat, as the extraction does), then the
+collection opened in this process, the one order that works there; ms: the same, the collection opened as
+tools/index.py opens it on the MindSpore backend, in a process of its own, milvus_store.open_store):
 
   insert    rows/s of the inserts (build: the seconds from the last insert until the first search answered:
             flush and index build)
@@ -42,6 +44,8 @@ from bench.timing import run_isolated  # noqa: E402
 
 SIZES = {"10k": 10_000, "100k": 100_000, "1m": 1_000_000}
 MILVUS = "torch:flat,torch:ivf,torch:hnsw,mindspore:flat,mindspore:ivf,mindspore:flat:python"
+MODES = {"python": "protobuf python", "ms-here": "MindSpore first, this process",
+         "ms": "MindSpore first, own process"}
 HNSW = {"M": 16, "efConstruction": 200}
 # a Milvus process above this is stopped and its rows say so (Milvus Lite 3 keeps the collection in the process;
 # the machine's other jobs keep their memory)
@@ -131,21 +135,26 @@ def run_milvus(index_type, num_gallery, num_queries, nprobe=None, ef=None, proto
     """One Milvus Lite collection of the gallery in this process's environment: {"insert", "build" seconds,
     "searches" {parameter: (seconds, indices, scores)}, "engine_peak_mb", "disk_mb", "lite"}. `protobuf`:
     "python" runs pymilvus on protobuf's pure-Python implementation, as in a process that imported MindSpore
-    2.0 (it sets PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python, which this process would otherwise inherit
-    from the benchmark's own); None: protobuf's default."""
+    (it sets PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python, which this process would otherwise inherit
+    from the benchmark's own); "ms-here": MindSpore imported first through compat, the collection in this
+    process; "ms": MindSpore imported first, the collection opened by open_store (in a process of its own);
+    None: protobuf's default, no MindSpore."""
     import tempfile
-    if protobuf:
+    os.environ.pop("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", None)
+    if protobuf == "python":
         os.environ["PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION"] = protobuf
-    else:
-        os.environ.pop("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", None)
 
     from reid.deploy import milvus_store as store
     from reid.deploy.gallery import INDEX_FORMAT
+    if protobuf in ("ms", "ms-here"):
+        import compat
+        compat.torch            # MindSpore, as the extraction of tools/index.py imports it
+        store.SEPARATE_PROCESS = protobuf == "ms"
     queries, plants = queries_and_plants(num_gallery, num_queries)
     out = {"lite": store.lite_version()}
     with tempfile.TemporaryDirectory(prefix="bench-milvus-") as folder:
         spec = store.parse_store("milvus:" + os.path.join(folder, "g.db"))
-        gallery = store.MilvusGallery(spec)
+        gallery = store.open_store(spec) if protobuf in ("ms", "ms-here") else store.MilvusGallery(spec)
         params = {"ivf": {"nlist": int(np.sqrt(num_gallery))}, "hnsw": HNSW}.get(index_type)
         gallery.create({"format": INDEX_FORMAT, "root": folder, "feature_size": DIM, "model": {}}, DIM, index_type,
                        params)
@@ -256,7 +265,7 @@ def main():
             for value, (seconds, idx, scores) in got["searches"].items():
                 parameter = "" if value is None else " %s %d" % ("nprobe" if index_type == "ivf" else "ef", value)
                 label = "Milvus Lite %s %s%s%s" % (got["lite"], index_type.upper(), parameter,
-                                                   ", protobuf python" if protobuf else "")
+                                                   ", " + MODES[protobuf[0]] if protobuf else "")
                 rows.append((label, got["build"], seconds, idx, scores, got["peak_rss_mb"] + got["engine_peak_mb"]))
                 extra[label] = (n / got["insert"], got["disk_mb"])
         print("  %-44s %9s %11s %11s %10s %10s %8s" % ("method", "build s", "queries/s", "peak RSS MB", "recall@10",
