@@ -558,19 +558,10 @@ class GalleryProcess:
             import_pymilvus()         # its one-line error
         reads, to_child = os.pipe()
         from_child, writes = os.pipe()
-        package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-            [package_root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-        from compat.backend import protobuf_implementation_before_mindspore
-        known, value = protobuf_implementation_before_mindspore()
-        if known:
-            env.pop(PROTOBUF_VARIABLE, None)
-            if value is not None:
-                env[PROTOBUF_VARIABLE] = value
         try:
             self.process = subprocess.Popen(
                 [sys.executable, "-c", "from reid.deploy.milvus_store import _serve; _serve(%d, %d)" % (reads, writes)],
-                pass_fds=(reads, writes), env=env, stdin=subprocess.DEVNULL)
+                pass_fds=(reads, writes), env=child_environment(), stdin=subprocess.DEVNULL)
         finally:
             os.close(reads)
             os.close(writes)
@@ -635,6 +626,21 @@ class GalleryProcess:
             self.process.kill()
             self.process.wait()
         self.process = None
+
+
+def child_environment():
+    """The environment of a GalleryProcess's child: this package importable, and protobuf's implementation
+    variable as it was before compat imported MindSpore (which set it)."""
+    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [package_root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    from compat.backend import protobuf_implementation_before_mindspore
+    known, value = protobuf_implementation_before_mindspore()
+    if known:
+        env.pop(PROTOBUF_VARIABLE, None)
+        if value is not None:
+            env[PROTOBUF_VARIABLE] = value
+    return env
 
 
 def _serve(reads, writes):
