@@ -4,10 +4,12 @@ status and the files it writes. `make test` runs the file in each environment, s
 
 One tiny trained model (acl-reid-train, 2 iterations) serves every case; the others convert it, evaluate it
 (op by op, with rank lists; with the ONNX file acl-reid-export writes), index a 20-image gallery (an .npz
-file by 2 extraction processes; Milvus Lite), search it (both stores, with rank-list pictures) and sweep
+file by 2 extraction processes; Milvus Lite), search it (both stores, with rank-list pictures), serve the
+Milvus one over HTTP (acl-reid-serve, where the server's requirements are installed) and sweep
 one seed of the same recipe. MindSpore's and the other libraries' log settings are the user's: GLOG_v is left
 unset, as in a fresh shell."""
 import glob
+import importlib.util
 import json
 import os
 import shutil
@@ -137,9 +139,63 @@ def test_index_and_search_on_both_stores(trained, tmp_path):
             assert ma["path"] == mb["path"] or abs(ma["score"] - mb["score"]) <= ROUNDING
     assert len(glob.glob(str(tmp_path / "ranks" / "*.png"))) == 4
 
+    if importlib.util.find_spec("uvicorn") is not None:    # the server's requirements (tests/test_serve*.py)
+        served = serve_one(["--store", "milvus:gallery.db", "--log-level", "warning"],
+                           sorted(queries.iterdir())[0], "?topk=5&filter=camera", tmp_path)
+        assert [m["path"] for m in served["matches"]] == [m["path"] for m in milvus[0]["matches"]]
+        assert np.abs(np.subtract([m["score"] for m in served["matches"]],
+                                  [m["score"] for m in milvus[0]["matches"]])).max() <= ROUNDING
+
     proc = command("acl-reid-index", ["--gallery", gallery, "--store", "milvus://127.0.0.1:%d/g" % _free_port()]
                    + model, tmp_path, expect=2)
     assert proc.stderr.strip().count("\n") == 0 and "cannot reach the Milvus server" in proc.stderr, proc.stderr
+
+
+def serve_one(args, image, params, cwd):
+    """acl-reid-serve on a free loopback port: the JSON of one POST /api/search of `image`, then SIGTERM, which
+    must end it with status 0."""
+    import re
+    import signal
+    import time
+    import urllib.error
+    import urllib.request
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "GLOG_v")}
+    proc = subprocess.Popen([os.path.join(BIN, "acl-reid-serve"), "--port", "0"] + list(args), cwd=str(cwd), env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        url, lines = None, []
+        for line in proc.stdout:            # its first line says where it serves; it ends only if it failed
+            lines.append(line)
+            found = re.search(r" at (http://127\.0\.0\.1:\d+/)", line)
+            if found:
+                url = found.group(1)
+                break
+        assert url, "acl-reid-serve did not start: %s %s" % ("".join(lines), proc.stderr.read()[-3000:])
+        boundary = "acl-reid-test-boundary"
+        body = ("--%s\r\nContent-Disposition: form-data; name=\"image\"; filename=\"%s\"\r\nContent-Type: "
+                "image/jpeg\r\n\r\n" % (boundary, image.name)).encode() + image.read_bytes() + \
+            ("\r\n--%s--\r\n" % boundary).encode()
+        request = urllib.request.Request(url + "api/search" + params, data=body, method="POST", headers={
+            "Content-Type": "multipart/form-data; boundary=%s" % boundary})
+        deadline = time.monotonic() + 60
+        while True:    # its line can come a moment before it accepts connections
+            try:
+                with urllib.request.urlopen(request, timeout=120) as response:
+                    answer = json.loads(response.read().decode())
+                break
+            except urllib.error.URLError as exc:
+                if not isinstance(exc.reason, ConnectionRefusedError) or time.monotonic() > deadline or \
+                        proc.poll() is not None:
+                    raise AssertionError("acl-reid-serve: %s; %s" % (exc, proc.stderr.read()[-3000:]
+                                                                     if proc.poll() is not None else "")) from None
+                time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(120) == 0
+        return answer
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def test_sweep_of_one_seed(trained, tmp_path):
@@ -155,5 +211,3 @@ def test_sweep_of_one_seed(trained, tmp_path):
     assert "tiny" in json.dumps(summary)
 
 
-# acl-reid-serve (tools/serve.py) gets its case here once it is a command of pyproject.toml: started from the
-# trained model, asked over HTTP, stopped; tests/test_package.py's COMMANDS lists every command.

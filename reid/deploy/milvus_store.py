@@ -552,8 +552,10 @@ class GalleryProcess:
     STOP_S = 60
 
     def __init__(self, spec, timeout=None):
+        import threading
         from multiprocessing.connection import Connection
         self.spec, self.name = spec, spec.collection
+        self._lock = threading.Lock()     # one call at a time on the pipe, whichever thread makes it
         if importlib.util.find_spec("pymilvus") is None:
             import_pymilvus()         # its one-line error
         reads, to_child = os.pipe()
@@ -576,8 +578,9 @@ class GalleryProcess:
         if self.process is None:
             raise UserError("Milvus store %s: the connection is closed" % self.spec)
         try:
-            self._send.send((name, args, kwargs))
-            ok, value = self._receive.recv()
+            with self._lock:
+                self._send.send((name, args, kwargs))
+                ok, value = self._receive.recv()
         except (EOFError, OSError):
             status = self.process.wait()
             self.process = None
