@@ -156,7 +156,6 @@ def serve_one(args, image, params, cwd):
     must end it with status 0."""
     import re
     import signal
-    import time
     import urllib.error
     import urllib.request
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "GLOG_v")}
@@ -177,18 +176,12 @@ def serve_one(args, image, params, cwd):
             ("\r\n--%s--\r\n" % boundary).encode()
         request = urllib.request.Request(url + "api/search" + params, data=body, method="POST", headers={
             "Content-Type": "multipart/form-data; boundary=%s" % boundary})
-        deadline = time.monotonic() + 60
-        while True:    # its line can come a moment before it accepts connections
-            try:
-                with urllib.request.urlopen(request, timeout=120) as response:
-                    answer = json.loads(response.read().decode())
-                break
-            except urllib.error.URLError as exc:
-                if not isinstance(exc.reason, ConnectionRefusedError) or time.monotonic() > deadline or \
-                        proc.poll() is not None:
-                    raise AssertionError("acl-reid-serve: %s; %s" % (exc, proc.stderr.read()[-3000:]
-                                                                     if proc.poll() is not None else "")) from None
-                time.sleep(0.5)
+        try:    # the address is printed once the socket listens: no connection is refused after it
+            with urllib.request.urlopen(request, timeout=120) as response:
+                answer = json.loads(response.read().decode())
+        except urllib.error.URLError as exc:
+            raise AssertionError("acl-reid-serve: %s; %s" % (exc, proc.stderr.read()[-3000:]
+                                                             if proc.poll() is not None else "")) from None
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(120) == 0
         return answer

@@ -812,6 +812,9 @@ def run_server(settings, extractor_factory, host="127.0.0.1", port=8000, log_lev
     except OSError as exc:
         raise UserError("cannot listen on %s port %d: %s; pick another --port (0: any free one) or --host"
                         % (host, port, exc.strerror or exc)) from None
+    # listening from here on: the "serving ... at" line is printed before uvicorn takes the socket, and a
+    # client that connects on seeing it waits in the backlog instead of being refused
+    sock.listen(2048)
     bound = sock.getsockname()[1]
     shown = "[%s]" % host if ":" in host else host
 
