@@ -113,7 +113,7 @@ def _synchronous_launch(mindspore):
     mindspore.runtime.launch_blocking()
 
 
-def is_mindtorch_proxy(module):
+def is_proxy_torch(module):
     """Whether an imported `torch` is mindnlp's mindtorch under that name: once imported, mindtorch puts an
     import hook first on `sys.meta_path` that answers `import torch` (and `torch.*`) with itself, and tells
     `importlib.metadata` that a torch distribution is installed. Real PyTorch's module lives in a `torch`
@@ -142,7 +142,7 @@ def load():
         except ImportError as exc:
             raise UserError("backend 'torch' needs PyTorch (%s); run 'make setup-torch' and use "
                             ".venv-torch/bin/python" % exc) from None
-        if is_mindtorch_proxy(torch):
+        if is_proxy_torch(torch):
             raise UserError("backend 'torch' needs PyTorch, but 'torch' here is mindnlp's mindtorch (it takes "
                             "that name once imported); run 'make setup-torch' and use .venv-torch/bin/python, "
                             "or pick --backend mindspore") from None

@@ -195,10 +195,10 @@ def _eager_kernel_inputs(channels, weight, bias, running_mean, running_var):
 
 def _unbiased_batch_var(saved_var, x4, count):
     """The unbiased batch variance, detached, from the training kernel's 5th output. What that output holds
-    differs between MindSpore builds and devices (the biased variance on CPU in 2.0.0; other builds may save the unbiased variance or an inverse standard deviation), so
-    `probe_kernel` asks the kernel once, before any graph is built, and the choice below is made when the
-    graph is built. Where the output is neither variance, the variance is recomputed from the input by
-    reductions."""
+    differs between MindSpore builds and devices (the biased variance on CPU in 2.0.0; other builds may save
+    the unbiased variance or an inverse standard deviation), so `probe_kernel` asks the kernel once, before
+    any graph is built, and the choice below is made when the graph is built. Where the output is neither
+    variance, the variance is recomputed from the input by reductions."""
     kind = _saved_var_kind()  # a compile-time constant inside compiled code
     if kind == "biased":
         return _ops.stop_gradient(saved_var) * (float(count) / max(count - 1, 1))
@@ -261,11 +261,11 @@ def _graph_batch_norm(x, running_mean, running_var, weight, bias, mode, momentum
 
 def _stateless_graph_batch_norm(x, running_mean, running_var, weight, bias, mode, momentum, eps, num_splits):
     """Batch norm inside a differentiated graph where steps are built without side effects (MindSpore 2.7:
-    `compat.jit.stateless_steps`, `compat.jit.state_through_gradients`): no Parameter is written in the graph
-    (the fused kernel's moving statistics, the Assign of torch's update). The kernel runs as a pure op (`_stateless_bn`) and, in mode 'general', torch's running-statistics update
-    leaves the graph as the gradient of the running statistics (`_statistics_tap`): `compat.jit.value_and_grad`
-    adds it to them after the call. Chunks (`num_splits` > 1) as `_split_batch_norm`: statistics per chunk,
-    the update from chunk 0."""
+    `compat.jit.stateless_steps`, `compat.jit.state_through_gradients`): no Parameter is written in the graph (the
+    fused kernel's moving statistics, the Assign of torch's update). The kernel runs as a pure op (`_stateless_bn`)
+    and, in mode 'general', torch's running-statistics update leaves the graph as the gradient of the running
+    statistics (`_statistics_tap`): `compat.jit.value_and_grad` adds it to them after the call. Chunks (`num_splits`
+    > 1) as `_split_batch_norm`: statistics per chunk, the update from chunk 0."""
     shape = x.shape
     x4 = _RESHAPE(x, _shape4_c(shape)) if len(shape) < 4 else x
     channels = _channels_c(shape)

@@ -37,11 +37,11 @@ def _stand_in_module(name, file, loader_module):
 def test_a_mindtorch_import_hook_is_not_taken_for_pytorch():
     real = _stand_in_module("torch", "/venv/lib/site-packages/torch/__init__.py", "importlib._bootstrap_external")
     proxy = _stand_in_module("torch", "/venv/lib/site-packages/mindtorch/__init__.py", "mindtorch.torch_proxy")
-    assert not backend.is_mindtorch_proxy(real)
-    assert backend.is_mindtorch_proxy(proxy)
+    assert not backend.is_proxy_torch(real)
+    assert backend.is_proxy_torch(proxy)
     # the hook's module found by its loader alone, or by its file alone
-    assert backend.is_mindtorch_proxy(_stand_in_module("torch", real.__file__, "mindtorch.torch_proxy"))
-    assert backend.is_mindtorch_proxy(_stand_in_module("torch", proxy.__file__, "importlib._bootstrap_external"))
+    assert backend.is_proxy_torch(_stand_in_module("torch", real.__file__, "mindtorch.torch_proxy"))
+    assert backend.is_proxy_torch(_stand_in_module("torch", proxy.__file__, "importlib._bootstrap_external"))
 
 
 def test_the_active_layer_is_the_installed_one():

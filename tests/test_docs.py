@@ -17,7 +17,8 @@ def repo_files():
     skip = {".git", "output", "datasets", "__pycache__", ".pytest_cache", ".ruff_cache"}
     for path in ROOT.rglob("*"):
         rel = path.relative_to(ROOT)
-        if path.is_file() and not skip & set(rel.parts) and not rel.parts[0].startswith(".venv") and (path.suffix in SUFFIXES or path.name == "Makefile"):
+        if (path.is_file() and not skip & set(rel.parts) and not rel.parts[0].startswith(".venv")
+                and (path.suffix in SUFFIXES or path.name == "Makefile")):
             yield rel, path.read_text(encoding="utf-8", errors="replace")
 
 
