@@ -68,17 +68,17 @@ demo: $(STACK_SETUP_$(STACK))
 # `make test-msadapter` runs its whole suite.
 # A missing environment fails the parity tests (tests/crossenv.py); the opt-out to skip them instead,
 # REID_ALLOW_MISSING_BACKEND=1, is cleared here so that `make test` never passes without its references.
-MSADAPTER_QUICK_TESTS := tests/test_compat_checkpoint.py tests/test_compat_custom_op.py tests/test_compat_data.py \
-	tests/test_compat_errors.py tests/test_compat_norm.py tests/test_compat_optim.py tests/test_compat_schedules.py \
-	tests/test_losses.py tests/test_modeling.py tests/test_modeling_units.py tests/test_evaluation.py \
-	tests/test_evaluation_parity.py tests/test_training_spec.py tests/test_compat_functional.py \
-	tests/test_compat_shims.py tests/test_package.py $(MSADAPTER_ONLY_TESTS)
-# ... and the tests with something to test only there, which the default stack skips: the helper thread and the
+# Besides, the tests with something to test only on the legacy stack, which the default stack skips: the helper thread and the
 # export-name guard of MindSpore 2.0's graphs, and Milvus Lite 2.5 (Python 3.9's; the other environments have 3)
 MSADAPTER_ONLY_TESTS := tests/test_compiled.py::test_built_graphs_run_on_the_low_priority_helper_thread \
 	tests/test_compiled.py::test_graph_builds_refuse_a_switched_off_fallback_and_export_names \
 	tests/test_retrieval_milvus.py::test_hnsw_on_milvus_lite_2_5_is_one_line \
 	tests/test_retrieval_milvus.py::test_an_engine_that_ends_as_it_starts_is_started_again
+MSADAPTER_QUICK_TESTS := tests/test_compat_checkpoint.py tests/test_compat_custom_op.py tests/test_compat_data.py \
+	tests/test_compat_errors.py tests/test_compat_norm.py tests/test_compat_optim.py tests/test_compat_schedules.py \
+	tests/test_losses.py tests/test_modeling.py tests/test_modeling_units.py tests/test_evaluation.py \
+	tests/test_evaluation_parity.py tests/test_training_spec.py tests/test_compat_functional.py \
+	tests/test_compat_shims.py tests/test_package.py $(MSADAPTER_ONLY_TESTS)
 #
 # The suites queue for TEST_JOBS make jobs (2, the default: one per core), longest first, each starting when a
 # job is free: the default stack's suite but its step comparisons, the torch suite, the default stack's step
