@@ -7,7 +7,7 @@ in one run.
 Each run trains iterations 0..N-1 without hooks and times iterations 1..N-1 on rank 0 (iteration 0 runs the
 warm-up basic steps and builds the backward graphs of each step kind); images = the images of every step in
 the timed iterations (the whole run's batch: with 2 processes each rank computes half of it). Runs the
-MindSpore env (.venv) and the torch env (.venv-torch) from whichever Python starts it. The launcher gives each
+default MindSpore env (.venv) and the torch env (.venv-torch) from whichever Python starts it. The launcher gives each
 of N ranks cores / N threads; the single process keeps the backend's default (all cores) unless
 REID_NUM_THREADS / OMP_NUM_THREADS say otherwise (on a loaded machine torch's default thread count can make the
 single process several times slower: set OMP_NUM_THREADS=1 to compare like with like).

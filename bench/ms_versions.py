@@ -2,10 +2,10 @@
 import, does the model run, and how fast are MindSpore's CPU convolutions, each release in a process of its own
 environment, one after the other in one run, against the first one given (the stack's pinned 2.7.0).
 
-    python bench/ms_versions.py --envs 2.7.0=.venv-ms27,2.8.0=/tmp/ms280 [--repeats 5]
+    python bench/ms_versions.py --envs 2.7.0=.venv,2.8.0=/tmp/ms280 [--repeats 5]
 
 Each environment is a Python 3.11 venv with that `mindspore`, mindnlp 0.5.1 installed `--no-deps`, and the rest
-of requirements-ms27.txt (mindnlp declares mindspore<=2.7.0, so newer releases only go in this way). Per
+of requirements.txt (mindnlp declares mindspore<=2.7.0, so newer releases only go in this way). Per
 release: the median seconds of MindSpore's own Conv2D (no layer) on ResNet-50's stem (7x7, stride 2, 3->64
 channels on 16x3x256x128) and on a stage-1 3x3 (64->64 on 16x64x64x32), forward alone and forward + backward;
 the seconds `import mindtorch` took; and a demo-width ACL network (ResNet-26x, width 8, 64x32, batch 8)
@@ -94,7 +94,7 @@ def main():
         child(args.repeats)
         return
     if not args.envs:
-        parser.error("--envs is required, e.g. --envs 2.7.0=.venv-ms27,2.8.0=/tmp/ms280")
+        parser.error("--envs is required, e.g. --envs 2.7.0=.venv,2.8.0=/tmp/ms280")
     envs = [item.split("=", 1) for item in args.envs.split(",")]
     rows = {}
     for release, venv in envs:

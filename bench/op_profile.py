@@ -2,7 +2,7 @@
 for reference): op-by-op basic steps (MODEL.JIT False) of the demo network through the real Trainer, each stack
 in a fresh process of its environment, one after the other.
 
-    python bench/op_profile.py [--stacks msadapter,mindtorch] [--steps 4] [--top 12]
+    python bench/op_profile.py [--stacks ms27,msadapter] [--steps 4] [--top 12]
 
 Per stack: the seconds per step without a profiler (median of --steps), then the same steps under cProfile, each
 function's own time given to the layer its file belongs to:
@@ -109,7 +109,7 @@ def main():
         parser.add_argument("--top", type=int, default=12, help="ops listed per stack (default 12)")
     args = size_args(__doc__, SIZES, default="demo", extra=extra)
     from reid.data.synthetic import ensure_synthetic
-    variants = stack_variants(args.stacks or "msadapter,mindtorch")
+    variants = stack_variants(args.stacks or "ms27,msadapter")
     with tempfile.TemporaryDirectory(prefix="bench-op-profile-") as root:
         ensure_synthetic(os.path.join(root, "synthetic"), seed=0, num_ids=80, domains=["SynthA", "SynthB", "SynthC"],
                          progress=False)

@@ -22,8 +22,8 @@ def median_seconds(named_calls, repeats):
 
 # The MindSpore stacks by their environment (docs/install.md): `--stacks` times each against torch in
 # one run. Without it the MindSpore side is the interpreter running the benchmark when it has MindSpore (so
-# the mindtorch stack from .venv-mindtorch), else .venv.
-STACK_ENVS = {"msadapter": ".venv", "ms27": ".venv-ms27", "mindtorch": ".venv-mindtorch"}
+# the legacy stack from .venv-msadapter), else .venv (the default stack).
+STACK_ENVS = {"ms27": ".venv", "msadapter": ".venv-msadapter"}
 
 
 def size_args(doc, sizes, default=None, extra=None):

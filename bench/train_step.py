@@ -18,7 +18,7 @@ steps until every source domain has been the meta-test domain once, so that no s
 compiled graphs' build). Each side runs in a fresh process, so the peak resident memory printed is that variant's
 own.
 
-    python bench/train_step.py [--sizes demo,full-b8,full] [--repeats 3] [--stacks msadapter,ms27,mindtorch]
+    python bench/train_step.py [--sizes demo,full-b8,full] [--repeats 3] [--stacks ms27,msadapter]
         [--memory-level O1] [--variants mindspore-compiled,torch] [--basic-only] [--max-rss-gb 16]
         [--batch-forwards] [--separate-graphs] [--caller-thread] [--gpu] [--network resnet50_ibn_a]
 

@@ -26,7 +26,7 @@ _EXPORTS = {
     "eager_only": "jit", "state_buffer": "jit",
 }
 _SUBMODULES = ("optim", "schedules", "checkpoint", "data", "jit", "distributed")
-_BACKEND_NAMES = ("BACKEND", "IS_MINDSPORE", "LAYER", "STACK", "IS_MINDTORCH", "torch", "nn", "F")
+_BACKEND_NAMES = ("BACKEND", "IS_MINDSPORE", "LAYER", "STACK", "torch", "nn", "F")
 _state = {"loading": False}
 
 
@@ -39,10 +39,9 @@ def _load():
         g = globals()
         g.update(_info=info, BACKEND=info["name"], torch=info["torch"], nn=info["nn"], F=info["F"],
                  IS_MINDSPORE=info["name"] == "mindspore",
-                 # LAYER: 'torch' | 'msadapter.pytorch' | 'mindtorch.torch' (0.4.0 on the MindSpore 2.6 pre-release)
-                 # | 'mindtorch' (mindnlp 0.5.1's, on MindSpore 2.7); STACK: the Makefile's name of it
-                 # IS_MINDTORCH: the 0.4.0 stack only (its compiled paths); the 2.7 stack tests LAYER
-                 LAYER=info["layer"], STACK=info["stack"], IS_MINDTORCH=info["layer"] == "mindtorch.torch")
+                 # LAYER: 'torch' | 'mindtorch' (mindnlp 0.5.1's, on MindSpore 2.7, the default) |
+                 # 'msadapter.pytorch' (the legacy stack, MindSpore 2.0); STACK: the Makefile's name of it
+                 LAYER=info["layer"], STACK=info["stack"])
         if info["layer"] == "msadapter.pytorch":  # compiled, the hot functional ops skip the layer's wrappers
             g["F"] = importlib.import_module("compat.graph_ops").functional(info["F"])
         for name, module in _EXPORTS.items():

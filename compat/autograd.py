@@ -85,7 +85,7 @@ def _ms_value_and_grad(fn, params):
     def differentiate(args, kwargs):
         as_args = [(pos, index[id(a)]) for pos, a in enumerate(args) if id(a) in index]
         if as_args and _param_argument_is_an_input():
-            # MindSpore 2.6 differentiates a Parameter passed as an argument as that input (all its uses, also
+            # MindSpore 2.7 differentiates a Parameter passed as an argument as that input (all its uses, also
             # captured ones) and gives the weight 0: take the input's gradient for it
             positions = tuple(pos for pos, _ in as_args)
             loss, (input_grads, grads) = mindspore.value_and_grad(loss_only, positions, weights)(*args, **kwargs)
@@ -124,7 +124,7 @@ def _eager_probes():
 
 def _param_argument_is_an_input():
     """True where MindSpore credits a Parameter passed as an argument of the differentiated function to that
-    argument and not to the weight (MindSpore 2.6; 2.0 credits the weight). Asked once, on one scalar."""
+    argument and not to the weight (MindSpore 2.7; 2.0 credits the weight). Asked once, on one scalar."""
     if "arg" not in _PROBED:
         import mindspore
         import numpy as np

@@ -2,9 +2,8 @@
 
 `REID_BACKEND` picks it (``mindspore``, the default, or ``torch``). Under MindSpore the torch-API layer is the
 one installed in the environment, in the order of `LAYERS`: the top-level ``mindtorch`` of the mindnlp 0.5.1
-wheel (on stable MindSpore 2.7, `.venv-ms27`), PyPI's ``mindtorch.torch`` 0.4.0 (on the MindSpore 2.6.0.dev
-pre-release, `.venv-mindtorch`, after the import shims of `compat/shims.py`), or ``msadapter.pytorch`` 0.1.0
-(on MindSpore 2.0.0, `.venv`). Entry points set the variable from ``--backend`` before anything imports
+wheel (on stable MindSpore 2.7, `.venv`, the default stack) or ``msadapter.pytorch`` 0.1.0 (on MindSpore 2.0.0,
+`.venv-msadapter`, the legacy stack). Entry points set the variable from ``--backend`` before anything imports
 ``compat``.
 """
 import importlib
@@ -20,8 +19,8 @@ from compat.errors import UserError
 BACKENDS = ("mindspore", "torch")
 # The torch-API layers on MindSpore, in the order they are tried, and the stack each one is (the Makefile's
 # STACK names). An environment holds one of them; the order only matters where several are installed.
-LAYERS = ("mindtorch", "mindtorch.torch", "msadapter.pytorch")
-STACKS = {"mindtorch": "ms27", "mindtorch.torch": "mindtorch", "msadapter.pytorch": "msadapter", "torch": "torch"}
+LAYERS = ("mindtorch", "msadapter.pytorch")
+STACKS = {"mindtorch": "ms27", "msadapter.pytorch": "msadapter", "torch": "torch"}
 
 
 def requested_backend():
@@ -37,10 +36,11 @@ def installed_layers():
     (importing mindnlp's ``mindtorch`` redirects ``import torch`` to itself for the rest of the process)."""
     found = []
     spec = importlib.util.find_spec("mindtorch")
-    if spec is not None and spec.submodule_search_locations:
-        # PyPI's mindtorch 0.4 is a package holding ``mindtorch/torch``; mindnlp's is the torch module itself
-        nested = any(os.path.isdir(os.path.join(p, "torch")) for p in spec.submodule_search_locations)
-        found.append("mindtorch.torch" if nested else "mindtorch")
+    # mindnlp's mindtorch is the torch module itself; PyPI's own `mindtorch` releases (a package holding
+    # ``mindtorch/torch``, for MindSpore pre-releases; no longer a stack here) are not a layer compat runs
+    if spec is not None and spec.submodule_search_locations and not any(
+            os.path.isdir(os.path.join(p, "torch")) for p in spec.submodule_search_locations):
+        found.append("mindtorch")
     if importlib.util.find_spec("msadapter") is not None:
         found.append("msadapter.pytorch")
     return [layer for layer in LAYERS if layer in found]
@@ -109,19 +109,13 @@ def _import_torch_api_on_mindspore():
         import mindspore  # noqa: F401
     except ImportError as exc:
         raise UserError(
-            "backend 'mindspore' needs the MindSpore environment (%s); run 'make setup-ms' and use "
+            "backend 'mindspore' needs the MindSpore environment (%s); run 'make setup' and use "
             ".venv/bin/python, or pick --backend torch" % exc) from None
     errors = []
     layers = installed_layers()
-    if layers and layers[0].startswith("mindtorch"):
-        _synchronous_launch(mindspore, layers[0])
-    if "mindtorch" in layers:
+    if layers and layers[0] == "mindtorch":
+        _synchronous_launch(mindspore)
         shims_ms27.before_import()
-    if "mindtorch.torch" in layers:
-        try:
-            shims.apply()
-        except Exception as exc:  # a MindSpore whose internals moved again: report it with the import error
-            errors.append("compat shims: %s: %s" % (type(exc).__name__, exc))
     for layer in layers:
         try:
             with warnings.catch_warnings():
@@ -132,36 +126,31 @@ def _import_torch_api_on_mindspore():
         except Exception as exc:  # mindtorch on a MindSpore it was not written for fails in many ways
             errors.append("%s: %s: %s" % (layer, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else ""))
             continue
-        if layer == "mindtorch.torch":
-            shims.apply_after_import(torch)
-        elif layer == "mindtorch":
+        if layer == "mindtorch":
             shims_ms27.apply(torch)
         shims.fix_tensor_metaclass(torch)  # MSAdapter: an out-of-bounds read that crashes now and then
         return torch, nn, F, layer, _layer_version(layer)
-    raise UserError("no torch-API layer for MindSpore imports (%s); install msadapter==0.1.0 "
-                    "(see requirements.txt)" % ("; ".join(errors) or "none installed"))
+    raise UserError("no torch-API layer for MindSpore imports (%s); run 'make setup' and use .venv/bin/python "
+                    "(mindnlp==0.5.1 installed --no-deps: requirements-nodeps.txt)" % ("; ".join(errors) or
+                                                                                      "none installed"))
 
 
-def _synchronous_launch(mindspore, layer):
-    """MindSpore 2.6 and 2.7 (the two mindtorch stacks): PyNative mode with synchronous op launch, set before the
-    first op runs (the torch-API layer's import and `shims.apply_after_import` run ops). By default they hand
-    every op to a launch thread, which on a machine with few cores competes with the kernels. Set after any op
-    has run, the setting does not take: then every op of the older kind (an `Assign`, as optimizer, fast-weight
-    and running-statistics updates run) waits for the launch thread to catch up, and a step's many small
-    updates cost more than its kernels (docs/mindtorch.md; on 2.7 the op-by-op step was several times slower
-    with the launch thread, docs/ms27.md). 2.7 names the setting `mindspore.runtime.launch_blocking()`
-    (its `set_context` keyword is deprecated there). Not on MindSpore 2.0 (MSAdapter): its launch stays
-    MindSpore's default, which that stack's tests and figures (docs/performance.md) are taken with."""
+def _synchronous_launch(mindspore):
+    """MindSpore 2.7 (the mindtorch stack): PyNative mode with synchronous op launch
+    (`mindspore.runtime.launch_blocking()`), set before the first op runs (the torch-API layer's import runs
+    ops). By default it hands every op to a launch thread, which on a machine with few cores competes with the
+    kernels. Set after any op has run, the setting does not take: then every op of the older kind (an
+    `Assign`, as optimizer, fast-weight and running-statistics updates run) waits for the launch thread to
+    catch up, and a step's many small updates cost more than its kernels (the op-by-op step was several times
+    slower with the launch thread, docs/ms27.md). Not on MindSpore 2.0 (MSAdapter): its launch stays
+    MindSpore's default, which that stack's tests and figures are taken with."""
     if is_mindspore_2_0():
         return
     mindspore.set_context(mode=mindspore.PYNATIVE_MODE)
-    if layer == "mindtorch":
-        mindspore.runtime.launch_blocking()
-    else:
-        mindspore.set_context(pynative_synchronize=True)
+    mindspore.runtime.launch_blocking()
 
 
-def is_mindtorch_proxy(module):
+def is_proxy_torch(module):
     """Whether an imported `torch` is mindnlp's mindtorch under that name: once imported, mindtorch puts an
     import hook first on `sys.meta_path` that answers `import torch` (and `torch.*`) with itself, and tells
     `importlib.metadata` that a torch distribution is installed. Real PyTorch's module lives in a `torch`
@@ -173,8 +162,8 @@ def is_mindtorch_proxy(module):
 
 
 def is_mindspore_2_0():
-    """Whether the framework is MindSpore 2.0 (the MSAdapter stack), which compat's workarounds for 2.0 were
-    written against; the mindtorch stack runs 2.6.0.dev."""
+    """Whether the framework is MindSpore 2.0 (the legacy MSAdapter stack), which compat's workarounds for 2.0
+    were written against; the default stack runs MindSpore 2.7."""
     import mindspore
     return mindspore.__version__.startswith("2.0.")
 
@@ -190,7 +179,7 @@ def load():
         except ImportError as exc:
             raise UserError("backend 'torch' needs PyTorch (%s); run 'make setup-torch' and use "
                             ".venv-torch/bin/python" % exc) from None
-        if is_mindtorch_proxy(torch):
+        if is_proxy_torch(torch):
             raise UserError("backend 'torch' needs PyTorch, but 'torch' here is mindnlp's mindtorch (it takes "
                             "that name once imported); run 'make setup-torch' and use .venv-torch/bin/python, "
                             "or pick --backend mindspore") from None

@@ -1,7 +1,7 @@
 """Device context: `--device cpu|gpu|ascend` (MODEL.DEVICE).
 
 MindSpore has one global device: `set_context(device_target=...)` on MindSpore 2.0, `mindspore.set_device(...)`
-from 2.6 on (2.7 deprecates the context keyword, and refuses any change once an op has run, so a request for
+on 2.7 (which deprecates the context keyword, and refuses any change once an op has run, so a request for
 the device already set is not passed on). torch places each tensor, so on torch `to_device` moves modules and
 `as_tensor` creates tensors on the chosen device. mindnlp's mindtorch (the MindSpore 2.7 stack) also labels
 each tensor with a torch-style device ('cpu', 'cuda', 'npu') and picks its kernels by that label: there the

@@ -72,7 +72,7 @@ def export(net, example, path, fmt):
 @contextlib.contextmanager
 def _exportable(net):
     """What `mindspore.export` is given for `net`: the network itself where its modules are MindSpore Cells
-    (MSAdapter, mindtorch 0.4). mindnlp's mindtorch (the ms27 stack) has modules that are no Cells, which the
+    (MSAdapter). mindnlp's mindtorch (the ms27 stack) has modules that are no Cells, which the
     ONNX exporter refuses ("only support nn.Cell object"), and Parameters that are no `mindspore.Parameter`,
     which the MINDIR exporter refuses ("a mindspore.Parameter that wasn't created in nn.Cell") and the ONNX
     exporter writes without their values (the file computes something else, without an error). There, for the

@@ -30,7 +30,7 @@ def in_graph():
 
 def state_through_gradients():
     """True while MindSpore builds a differentiated graph (`value_and_grad`) on a MindSpore that cannot run
-    side effects in one (2.6, the mindtorch stack: `stateless_steps`). Code that updates module state (the
+    side effects in one (MindSpore 2.7: `compat.jit.stateless_steps`). Code that updates module state (the
     batch norms' running statistics) then writes nothing in the graph: it hands the update out through the
     gradient of the state Parameter (`compat.norm`), and `value_and_grad` applies it after the call."""
     return _state["grad_graph"]

@@ -65,7 +65,7 @@ and dtypes, the owner's parameter names and shapes, the MindSpore / torch-API ve
 compat/ and reid/: any change there builds (and saves) anew. The cache is on only while such a graph is
 built. Graphs MindSpore cannot write to its cache (the training-step graphs: "Cannot export a interpret node
 in MindIR") are built again without it: MODEL.JIT's graphs are therefore not given a key. The weights are
-registered with the executor `mindspore.jit` compiles with (`_graph_executor`: MindSpore 2.6 has two).
+registered with the executor `mindspore.jit` compiles with (`_graph_executor`: MindSpore 2.7 has two).
 
 Memory (MindSpore 2.0): building a graph leaves MindSpore's front end holding gigabytes, whatever the input
 size (type inference copies every called function per call site; the copies form reference cycles that only
@@ -204,8 +204,8 @@ def _materialise(p):
     checkpoint, running statistics updated op by op) reach op-by-op code but not the graph, with no error.
     Larger Parameters, and any Parameter that a kernel has written once, are read live. Narrow models have
     such Parameters (the demo width's 4-channel norms in the first stage's IBN layers; tests/test_compiled.py
-    perturbs every weight after the build). MindSpore 2.6.0.dev with mindtorch reads them live without this
-    write; it is made there too (it costs one kernel per tensor)."""
+    perturbs every weight after the build). MindSpore 2.7 reads them live without this write; it is made there
+    too (it costs one kernel per tensor)."""
     _ms_ops.assign(p, _ms_ops.deepcopy(p))
 
 
@@ -230,17 +230,18 @@ def _direct_construct(model):
 
 
 def steps_supported():
-    """Whether compiled training steps (MODEL.JIT) build on this stack: on every MindSpore stack (on 2.6 and 2.7
-    through `stateless_steps`, on 2.7 with the layer's graph forms, compat/graph_ms27.py)."""
+    """Whether compiled training steps (MODEL.JIT) build on this stack: on every MindSpore stack (on 2.7 through
+    `stateless_steps` and the layer's graph forms, compat/graph_ms27.py)."""
     return _c.IS_MINDSPORE
 
 
 def stateless_steps():
-    """Whether differentiated graphs must be free of side effects here: MindSpore 2.6 (the mindtorch stack). Its
-    runtime does not finish linking the demo network's basic-step graph (one core in
-    GraphScheduler::LinkControlArrowByAutoMonad, recursing over the batch norms' Parameter writes), and a dict
-    output of a differentiated graph fails to build there; `value_and_grad` and `compat.norm` build such graphs
-    without both (tools/ms26_defects.py shows the two defects)."""
+    """Whether differentiated graphs are built free of side effects here: on MindSpore 2.7 (the default stack),
+    not on 2.0. The batch norms' running statistics then leave a training-step graph as gradients (the
+    statistics tap of `compat.norm`) and `value_and_grad` applies them after the call, and its aux dicts leave
+    as tuples: a dict output of a differentiated graph fails to build on 2.7 (`tools/ms27_defects.py
+    dict-aux`). Graphs with the batch norms' writes inside do build on 2.7 and run as fast
+    (`tools/ms27_defects.py side-effects`: docs/ms27.md#compiled-execution); compat keeps one way on it."""
     return _c.IS_MINDSPORE and not is_mindspore_2_0()
 
 
@@ -300,10 +301,10 @@ def set_threads(num_threads=None):
     compat with the default; MODEL.NUM_THREADS > 0 calls it again. Returns the count (None on torch, which
     keeps its own setting).
 
-    MindSpore 2.6 (the mindtorch stack) also gets as many threads to run a graph's kernels side by side
+    MindSpore after 2.0 (the default stack) also gets as many threads to run a graph's kernels side by side
     (`inter_op_parallel_num`, at least 2): with its default some training-step graphs (the basic step's of a
-    graph per step kind) run much slower than others of the same size, the calling thread spinning while it
-    waits for them (docs/mindtorch.md)."""
+    graph per step kind) ran much slower than others of the same size, the calling thread spinning while it
+    waits for them (docs/ms27.md#graph-layout)."""
     if not _c.IS_MINDSPORE:
         return None
     n = int(num_threads) if num_threads else default_threads()
@@ -321,10 +322,10 @@ def set_threads(num_threads=None):
 def set_step_graph_layout(shared):
     """Tell the runtime how the compiled training steps are laid out before their graphs are built: `shared`,
     the basic and meta-train steps in one graph (MODEL.JIT_SHARED_GRAPH), else a graph per step kind. On
-    MindSpore 2.6 the two layouts want opposite settings of `inter_op_parallel_num` (set_threads' side-by-side
-    kernels): a graph per step kind runs its basic-step graph much slower without them, the shared graph
-    slower with them (docs/mindtorch.md#compiled-training-steps), so the shared layout goes back to MindSpore's
-    default. Nothing to do on MindSpore 2.0 or torch."""
+    MindSpore after 2.0 the two layouts want opposite settings of `inter_op_parallel_num` (set_threads'
+    side-by-side kernels): a graph per step kind runs its basic-step graph much slower without them, the shared
+    graph slower with them (docs/ms27.md#graph-layout), so the shared layout goes back to MindSpore's default.
+    Nothing to do on MindSpore 2.0 or torch."""
     if not _c.IS_MINDSPORE or is_mindspore_2_0():
         return
     import mindspore
@@ -349,7 +350,7 @@ def _jit(fn):
     import mindspore
     _check_graph_name(fn)
     if _state.get("jit_level"):
-        if not is_mindspore_2_0():  # 2.6: a keyword of jit itself
+        if not is_mindspore_2_0():  # 2.7: a keyword of jit itself
             return mindspore.jit(fn, jit_level=_state["jit_level"])
         return mindspore.jit(fn, jit_config=mindspore.JitConfig(jit_level=_state["jit_level"]))
     return mindspore.jit(fn)
@@ -447,7 +448,7 @@ def _cache_off():
 
 
 def _graph_executor():
-    """The executor `mindspore.jit` builds and loads graphs with: MindSpore 2.0 has one; 2.6 a second one for
+    """The executor `mindspore.jit` builds and loads graphs with: MindSpore 2.0 has one; 2.7 a second one for
     functions compiled in PyNative mode (`JitExecutor_`, where `_run_jit_pipeline()`), which is the one whose
     registered weights a graph loaded from the cache binds to. (Registered with the first one instead, a
     loaded evaluation graph runs without them: its features are all zeros.)"""
@@ -757,11 +758,11 @@ def value_and_grad(fn, params, name, state=()):
 
     `state`: the Parameters `fn` updates as module state (running statistics), in a graph built in a mode
     that updates them. MindSpore 2.0 writes them inside the graph. Where the graph cannot hold side effects
-    (`stateless_steps`: MindSpore 2.6) the graph is built with `state_through_gradients()` True: the updates
+    (`stateless_steps`: MindSpore 2.7) the graph is built with `state_through_gradients()` True: the updates
     come back as the gradients of these Parameters, added to them here after the call, so the caller sees
     the same effect (`call(..., update_state=False)` drops it; `call.state_outside` says whether the update
     is applied here or inside the graph). There, too, aux dicts leave the graph as tuples of values (a dict output of a
-    differentiated graph fails to build on 2.6) and are rebuilt here with the keys read while it was built."""
+    differentiated graph fails to build on 2.7) and are rebuilt here with the keys read while it was built."""
     params, state = list(params), list(state)
     if not _c.IS_MINDSPORE:
         return _c.value_and_grad(fn, params)
@@ -777,7 +778,7 @@ def value_and_grad(fn, params, name, state=()):
             return loss, loss
         if stateless:
             # dicts leave as tuples of values, converted before the differentiation (a lone dict made into a
-            # tuple of one): a dict output of the differentiated function fails to build on 2.6, and one taken
+            # tuple of one): a dict output of the differentiated function fails to build on 2.7, and one taken
             # apart after it (`tuple(aux.values())`) makes the graph several times slower
             if isinstance(aux, dict):
                 _note_aux_keys_c(token, "lone", True)

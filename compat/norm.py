@@ -67,8 +67,8 @@ def batch_norm(x, running_mean, running_var, weight=None, bias=None, mode="gener
     if in_graph() and _c.IS_MINDSPORE and state_through_gradients():
         return _stateless_graph_batch_norm(x, running_mean, running_var, weight, bias, mode, momentum, eps,
                                            int(num_splits))
-    if (in_graph() and _c.IS_MINDSPORE and not _c.IS_MINDTORCH and (mode == "eval" or int(num_splits) == 1)
-            and weight is not None and bias is not None):  # MSAdapter (its adapter-tensor cast)
+    if (in_graph() and _c.IS_MINDSPORE and (mode == "eval" or int(num_splits) == 1)
+            and weight is not None and bias is not None):
         return _graph_batch_norm(x, running_mean, running_var, weight, bias, mode, momentum, eps)
     F = _c.F
     ndim = x.dim()
@@ -156,7 +156,7 @@ def _instance_shape(shape):
 
 
 def _stateless_bn(eps):
-    """The training BatchNorm kernel as a pure op (`_StatelessBatchNorm`; on MindSpore 2.6, which finds no graph
+    """The training BatchNorm kernel as a pure op (`_StatelessBatchNorm`; on MindSpore 2.7, which finds no graph
     evaluator for a subclass of the kernel's class, the kernel's own class with its signature and side-effect
     flag dropped on the instance: the same thing)."""
     key = ("stateless", float(eps))
@@ -195,11 +195,10 @@ def _eager_kernel_inputs(channels, weight, bias, running_mean, running_var):
 
 def _unbiased_batch_var(saved_var, x4, count):
     """The unbiased batch variance, detached, from the training kernel's 5th output. What that output holds
-    differs between MindSpore builds and devices (the biased variance on CPU in 2.0.0 and in the mindtorch
-    stack's 2.6.0.dev; other builds may save the unbiased variance or an inverse standard deviation), so
-    `probe_kernel` asks the kernel once, before any graph is built, and the choice below is made when the
-    graph is built. Where the output is neither variance, the variance is recomputed from the input by
-    reductions."""
+    differs between MindSpore builds and devices (the biased variance on CPU in 2.0.0; other builds may save
+    the unbiased variance or an inverse standard deviation), so `probe_kernel` asks the kernel once, before
+    any graph is built, and the choice below is made when the graph is built. Where the output is neither
+    variance, the variance is recomputed from the input by reductions."""
     kind = _saved_var_kind()  # a compile-time constant inside compiled code
     if kind == "biased":
         return _ops.stop_gradient(saved_var) * (float(count) / max(count - 1, 1))
@@ -261,13 +260,12 @@ def _graph_batch_norm(x, running_mean, running_var, weight, bias, mode, momentum
 
 
 def _stateless_graph_batch_norm(x, running_mean, running_var, weight, bias, mode, momentum, eps, num_splits):
-    """Batch norm inside a differentiated graph on MindSpore 2.6 (`compat.jit.state_through_gradients`), with no
-    side effect: MindSpore 2.6's runtime does not finish linking a training-step graph whose batch norms write
-    their Parameters (the fused kernel's moving statistics, the Assign of torch's update; tools/ms26_defects.py).
-    The kernel runs as a pure op (`_stateless_bn`) and, in mode 'general', torch's running-statistics update
-    leaves the graph as the gradient of the running statistics (`_statistics_tap`): `compat.jit.value_and_grad`
-    adds it to them after the call. Chunks (`num_splits` > 1) as `_split_batch_norm`: statistics per chunk,
-    the update from chunk 0."""
+    """Batch norm inside a differentiated graph where steps are built without side effects (MindSpore 2.7:
+    `compat.jit.stateless_steps`, `compat.jit.state_through_gradients`): no Parameter is written in the graph (the
+    fused kernel's moving statistics, the Assign of torch's update). The kernel runs as a pure op (`_stateless_bn`)
+    and, in mode 'general', torch's running-statistics update leaves the graph as the gradient of the running
+    statistics (`_statistics_tap`): `compat.jit.value_and_grad` adds it to them after the call. Chunks (`num_splits`
+    > 1) as `_split_batch_norm`: statistics per chunk, the update from chunk 0."""
     shape = x.shape
     x4 = _RESHAPE(x, _shape4_c(shape)) if len(shape) < 4 else x
     channels = _channels_c(shape)

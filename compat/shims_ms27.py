@@ -1,4 +1,4 @@
-"""Runtime shims for mindnlp 0.5.1's `mindtorch` on stable MindSpore 2.7 (the `ms27` stack, `.venv-ms27`).
+"""Runtime shims for mindnlp 0.5.1's `mindtorch` on stable MindSpore 2.7 (the default `ms27` stack, `.venv`).
 
 mindnlp's `mindtorch` is the torch module itself (`mindtorch.nn`, `mindtorch.optim`), and its `Tensor` is
 `mindspore.Tensor` with methods patched in globally. Each shim below closes one defect of that layer (or of

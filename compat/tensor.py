@@ -37,8 +37,9 @@ def to_numpy(t):
 
 def ms_tensor(t):
     """The plain `mindspore.Tensor` behind a torch-API tensor, for MindSpore code paths that take no other
-    kind (a Cell's `bprop` results). MSAdapter's tensors are `mindspore.Tensor` subclasses already; mindtorch
-    0.4's are MindSpore 2.6 `StubTensor`s, which its grad executor rejects ("Unreasonable data type")."""
+    kind (a Cell's `bprop` results). MSAdapter's and mindnlp mindtorch's tensors are `mindspore.Tensor`s
+    already; an op output MindSpore has not yet synchronised (a `StubTensor`, where this MindSpore still has
+    the class) is made a Tensor, which the grad executor takes ("Unreasonable data type" otherwise)."""
     from mindspore.common._stub_tensor import StubTensor
     return t.stub_sync() if isinstance(t, StubTensor) else t
 

@@ -19,6 +19,16 @@ os.environ["REID_CACHE"] = tempfile.mkdtemp(prefix="reid-test-cache-")
 atexit.register(shutil.rmtree, os.environ["REID_CACHE"], True)
 
 
+def pytest_sessionstart(session):
+    """REID_TEST_DEVICE=gpu|ascend (tools/gpu_ms27.sh): this process's backend on that device for the whole
+    session (MindSpore's device is global and set before the first op); the reference environments that parity
+    tests call stay on their CPU. Unset, nothing is imported here."""
+    device = os.environ.get("REID_TEST_DEVICE", "").strip()
+    if device:
+        import compat
+        compat.set_device(device)
+
+
 @pytest.fixture(scope="session")
 def synth_root(tmp_path_factory):
     """A tiny synthetic data root (4 domains of 16 identities) shared by the training tests; read-only."""

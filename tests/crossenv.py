@@ -5,7 +5,7 @@ and nested dicts/lists of them. ``run_case("torch", "tests.test_x:case_y", seed=
 backend, in this process when it is the active backend, otherwise in that backend's virtual environment
 (``.venv`` / ``.venv-torch``) through ``tests/_crossenv_child.py``, exchanging pickles (protocol 4; numpy<2 on
 both sides) through a temporary directory. An interpreter that has MindSpore is itself the MindSpore side, so
-a run from ``.venv-mindtorch`` compares mindtorch (not ``.venv``'s MSAdapter) with torch.
+a run from ``.venv-msadapter`` compares MSAdapter (not ``.venv``'s MindSpore 2.7 stack) with torch.
 """
 import importlib
 import importlib.util
@@ -20,7 +20,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 ALLOW_MISSING = "REID_ALLOW_MISSING_BACKEND"
-# an interpreter that has MindSpore (.venv or .venv-mindtorch) is itself the MindSpore side of parity runs; one
+# an interpreter that has MindSpore (.venv or .venv-msadapter) is itself the MindSpore side of parity runs; one
 # without it but with torch is the torch side where .venv-torch is missing (a GPU machine's own torch)
 _HAS_MINDSPORE = importlib.util.find_spec("mindspore") is not None
 _TORCH_VENV = ROOT / ".venv-torch" / "bin" / "python"

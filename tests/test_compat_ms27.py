@@ -1,5 +1,5 @@
-"""The MindSpore 2.7 stack (mindnlp 0.5.1's top-level `mindtorch`, `.venv-ms27`): compat picks the layer, never
-takes it for PyTorch, and each shim of compat/shims.py (`apply_mindtorch`) fixes a defect of the layer that the
+"""The MindSpore 2.7 stack (mindnlp 0.5.1's top-level `mindtorch`, `.venv`, the default): compat picks the layer,
+never takes it for PyTorch, and each shim of compat/shims_ms27.py fixes a defect of the layer that the
 test first shows without it. The layer-free tests run on every stack; the rest where that layer is active
 (tools/ms27_defects.py shows each defect without compat)."""
 import subprocess
@@ -17,7 +17,7 @@ from tests.crossenv import child_env
 ROOT = Path(__file__).resolve().parents[1]
 # mindnlp's mindtorch is installed here (whether or not it is the active layer: a torch run never imports it)
 HAS_MINDNLP_MINDTORCH = "mindtorch" in backend.installed_layers()
-on_ms27 = pytest.mark.skipif(not HAS_MINDNLP_MINDTORCH, reason="needs mindnlp's mindtorch (.venv-ms27)")
+on_ms27 = pytest.mark.skipif(not HAS_MINDNLP_MINDTORCH, reason="needs mindnlp's mindtorch (.venv)")
 
 
 def _run(code, **env):
@@ -37,11 +37,11 @@ def _stand_in_module(name, file, loader_module):
 def test_a_mindtorch_import_hook_is_not_taken_for_pytorch():
     real = _stand_in_module("torch", "/venv/lib/site-packages/torch/__init__.py", "importlib._bootstrap_external")
     proxy = _stand_in_module("torch", "/venv/lib/site-packages/mindtorch/__init__.py", "mindtorch.torch_proxy")
-    assert not backend.is_mindtorch_proxy(real)
-    assert backend.is_mindtorch_proxy(proxy)
+    assert not backend.is_proxy_torch(real)
+    assert backend.is_proxy_torch(proxy)
     # the hook's module found by its loader alone, or by its file alone
-    assert backend.is_mindtorch_proxy(_stand_in_module("torch", real.__file__, "mindtorch.torch_proxy"))
-    assert backend.is_mindtorch_proxy(_stand_in_module("torch", proxy.__file__, "importlib._bootstrap_external"))
+    assert backend.is_proxy_torch(_stand_in_module("torch", real.__file__, "mindtorch.torch_proxy"))
+    assert backend.is_proxy_torch(_stand_in_module("torch", proxy.__file__, "importlib._bootstrap_external"))
 
 
 def test_the_active_layer_is_the_installed_one():
@@ -335,15 +335,15 @@ def test_devices_map_to_mindspore_2_7s_device_api(monkeypatch):
     assert float(compat.to_numpy((compat.as_tensor(np.ones(2, np.float32)) * 2).sum())) == 4.0
 
 
-@pytest.mark.parametrize("venv", [".venv", ".venv-mindtorch"])
+@pytest.mark.parametrize("venv", [".venv-msadapter"])
 def test_checkpoints_written_here_read_on_the_other_mindspore_stacks(tmp_path, venv):
     """A `.ckpt` (MindSpore's writer, after the layer's import) and a `.pth` (compat's) written on this stack,
-    read by MindSpore 2.0 (MSAdapter's) and 2.6 (mindtorch 0.4's) with their own loaders (real torch reads
+    read by MindSpore 2.0 (the legacy MSAdapter stack's) with its own loaders (real torch reads
     `.pth` files in tests/test_compat_checkpoint.py)."""
     _ms27()
     python = ROOT / venv / "bin" / "python"
     if not python.exists():
-        pytest.skip("%s is not set up (make setup)" % venv)
+        pytest.skip("%s is not set up (make setup-msadapter)" % venv)
     state = {"conv.weight": np.arange(6, dtype=np.float32).reshape(2, 3), "bn.num_batches_tracked": np.array(3)}
     compat.checkpoint.export_mindspore_ckpt(state, str(tmp_path / "m.ckpt"))
     compat.checkpoint.save(state, str(tmp_path / "m.pth"))
@@ -358,4 +358,4 @@ def test_checkpoints_written_here_read_on_the_other_mindspore_stacks(tmp_path, v
                           cwd=str(ROOT), env=child_env(REID_BACKEND="mindspore"), capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.split()[0] == {".venv": "msadapter.pytorch", ".venv-mindtorch": "mindtorch.torch"}[venv]
+    assert proc.stdout.split()[0] == {".venv-msadapter": "msadapter.pytorch"}[venv]

@@ -85,7 +85,7 @@ def test_instance_norm_compiled_equals_op_by_op():
     """Compiled, instance norm runs the same fused kernel as op by op (compat.norm._graph_instance_norm):
     outputs bit for bit (3-D and 4-D, with and without affine; the earlier formulation by reductions differed
     by 2.4e-7 here, a wrong tiling of the affine by O(1)), gradients of weight and bias to 1e-6. On both
-    MindSpore stacks (on the mindtorch stack's 2.6 the kernel's instance, not a subclass, is made pure)."""
+    MindSpore stacks (on MindSpore 2.7 the kernel's instance, not a subclass, is made pure)."""
     import compat
     if not compat.IS_MINDSPORE:
         pytest.skip("compiled execution exists on MindSpore only")
@@ -139,7 +139,7 @@ def case_recorded_ops():
     original = executor.run_op_async
     calls = []
 
-    def recording(self, prim, *rest):   # MindSpore 2.0 passes (prim, args), 2.6 (prim, name, args)
+    def recording(self, prim, *rest):   # MindSpore 2.0 passes (prim, args), 2.7 (prim, name, args)
         calls[-1].append(prim.name)
         return original(self, prim, *rest)
     executor.run_op_async = recording

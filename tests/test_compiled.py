@@ -98,7 +98,7 @@ def test_extract_features_default_is_compiled_and_equals_op_by_op(model, tmp_pat
     """The evaluation path as train.py / test.py run it (TEST.JIT's default: compiled), with a short last batch
     (padded to one graph shape) and flip averaging, against op by op. Its graph goes into a compile cache
     (MODEL.COMPILE_CACHE), which a fresh process then loads instead of building (same features), on both
-    MindSpore stacks: on the mindtorch stack's 2.6, with the weights registered on the other of its two graph
+    MindSpore stacks: on MindSpore after 2.0, with the weights registered on the other of its two graph
     executors (compat.jit._graph_executor), the loaded graph gave all-zero features."""
     from reid.evaluation import extract_features
     assert model.jit_eval  # TEST.JIT True by default
@@ -275,8 +275,8 @@ def test_built_graphs_run_on_the_low_priority_helper_thread():
     import os
     import threading
     if not compat.jit.release_supported():
-        pytest.skip("the helper runs graphs that MindSpore 2.0 built (compat.jit._run_built); mindtorch's "
-                    "MindSpore 2.6 runs them through mindspore.jit's own call")
+        pytest.skip("the helper runs graphs that MindSpore 2.0 built (compat.jit._run_built); MindSpore 2.7 "
+                    "runs them through mindspore.jit's own call")
     layer = compat.nn.Linear(3, 2)
     compat.jit.prepare(layer)
 
@@ -423,28 +423,28 @@ def test_graph_builds_refuse_a_switched_off_fallback_and_export_names():
 
 
 def test_model_jit_compiles_steps_on_both_mindspore_stacks(synth_root, tmp_path):
-    """MODEL.JIT True (the default) gives the trainer compiled step functions on both MindSpore stacks (on the
-    mindtorch stack's 2.6.0.dev built without side effects: compat.jit.stateless_steps), False op-by-op ones. No
-    step is run: the trainer is only built. On 2.6 the trainer also sets the runtime's side-by-side kernels for
+    """MODEL.JIT True (the default) gives the trainer compiled step functions on both MindSpore stacks (on
+    MindSpore 2.7 built without side effects: compat.jit.stateless_steps), False op-by-op ones. No step is
+    run: the trainer is only built. On 2.7 the trainer also sets the runtime's side-by-side kernels for
     its graph layout (compat.jit.set_step_graph_layout): MindSpore's default (0) for the shared basic /
     meta-train graph, at least 2 for a graph per step kind; on 2.0 it leaves the setting alone."""
     import mindspore
     from reid.engine.trainer import Trainer
     from tests.test_training import _cfg
-    on_2_6 = not mindspore.__version__.startswith("2.0.")
-    assert compat.jit.stateless_steps() is on_2_6
-    before = mindspore.get_context("inter_op_parallel_num") if on_2_6 else None
+    stateless = not mindspore.__version__.startswith("2.0.")
+    assert compat.jit.stateless_steps() is stateless
+    before = mindspore.get_context("inter_op_parallel_num") if stateless else None
     try:
         separate = Trainer(_cfg(synth_root, str(tmp_path / "sep"), ["MODEL.JIT", "True",
                                                                       "MODEL.JIT_SHARED_GRAPH", "False"]))
         assert separate.steps.compiled is True
-        if on_2_6:
+        if stateless:
             assert mindspore.get_context("inter_op_parallel_num") == max(2, compat.jit.set_threads())
         shared = Trainer(_cfg(synth_root, str(tmp_path), ["MODEL.JIT", "True", "MODEL.JIT_SHARED_GRAPH", "True"]))
         assert shared.steps.compiled is True and shared.steps.shared_graph is True
-        if on_2_6:
+        if stateless:
             assert mindspore.get_context("inter_op_parallel_num") == 0
     finally:
-        if on_2_6:
+        if stateless:
             mindspore.set_context(inter_op_parallel_num=before)
     assert Trainer(_cfg(synth_root, str(tmp_path / "off"), ["MODEL.JIT", "False"])).steps.compiled is False

@@ -11,7 +11,7 @@ import pytest
 import compat
 
 pytestmark = pytest.mark.skipif(not (compat.IS_MINDSPORE and compat.LAYER == "mindtorch"),
-                                reason="the MindSpore 2.7 stack's compiled path (.venv-ms27)")
+                                reason="the MindSpore 2.7 stack's compiled path (.venv)")
 
 
 @pytest.fixture

@@ -53,8 +53,7 @@ def test_every_console_command_is_installed_and_matches_its_script():
     assert set(scripts) == set(COMMANDS)
     tools = {"tools/%s" % name for name in os.listdir(str(ROOT / "tools")) if name.endswith(".py")}
     # the repros for MindSpore's and the layer's developers are not commands
-    assert tools - set(COMMANDS.values()) == {"tools/ms26_defects.py", "tools/ms27_defects.py",
-                                              "tools/ms27_graph_defects.py"}
+    assert tools - set(COMMANDS.values()) == {"tools/ms27_defects.py", "tools/ms27_graph_defects.py"}
     for command, script in COMMANDS.items():
         assert os.access(os.path.join(BIN, command), os.X_OK), command
         module = scripts[command].split(":")[0]

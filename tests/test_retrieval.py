@@ -115,12 +115,6 @@ def test_extractor_gives_test_py_features(world, reference, engine, capfd):
     from reid.evaluation.distance import normalize
     mindspore = active_backend() == "mindspore"
     if engine in ("onnx", "mindir"):
-        if engine == "onnx" and compat.IS_MINDTORCH:
-            pytest.importorskip("onnxruntime", reason="the mindtorch environment has no onnxruntime "
-                                "(requirements-mindtorch.txt); .venv runs ONNX files on MindSpore")
-        if engine == "mindir" and compat.IS_MINDTORCH:
-            pytest.skip("MINDIR export compiles the network with MindSpore's own exporter (~8 s here); the MSAdapter "
-                        "suite runs this case, and the compiled case checks this stack's graph mode")
         if engine == "mindir" and not mindspore:
             with pytest.raises(UserError, match="MindIR files can only be run with the MindSpore backend"):
                 FeatureExtractor(model=str(world["root"] / "none.mindir"))

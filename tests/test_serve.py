@@ -25,7 +25,7 @@ from tests.crossenv import ROOT
 from tests.test_retrieval import DEMO, _one_torch_thread, opts_for  # noqa: F401
 from tests.test_retrieval_tools import tool
 
-pytest.importorskip("fastapi", reason="the web modules are in requirements-torch.txt / requirements-ms27.txt; "
+pytest.importorskip("fastapi", reason="the web modules are in requirements-torch.txt / requirements.txt; "
                                       "this environment does not serve (tests/test_serve_missing.py)")
 
 

@@ -32,7 +32,7 @@ def test_the_server_without_its_web_modules_is_one_line(monkeypatch, missing):
     named = [package for _, package in WEB_MODULES if package in absent]
     assert str(info.value) == ("the search server needs %s, not installed here; pip install fastapi==0.163.2 "
                                "uvicorn==0.54.0 python-multipart==0.0.34 (they are in requirements-torch.txt and "
-                               "requirements-ms27.txt)" % " and ".join(named))
+                               "requirements.txt)" % " and ".join(named))
 
 
 def test_the_command_says_what_to_install_where_they_are_missing(tmp_path):

@@ -1,16 +1,29 @@
-"""Defects of mindnlp 0.5.1's `mindtorch` (the torch-API layer of the MindSpore 2.7 stack, `.venv-ms27`), each
-reduced to a few lines of the layer on MindSpore alone (no project code); docs/ms27.md says what each one broke
-here and how compat/shims_ms27.py (or compat itself) closes it. It imports MindSpore and mindtorch directly on
-purpose, unlike everything outside compat/: a report to the layer's maintainers must show the defect without
-our adaptation layer in between.
+"""Defects of mindnlp 0.5.1's `mindtorch` (the torch-API layer of the default stack, `.venv`) and of MindSpore
+2.7 itself met by compiled training steps, each reduced to a few lines of the layer on MindSpore, or of
+MindSpore alone (no project code); docs/ms27.md says what each one broke here and how compat/shims_ms27.py (or
+compat itself) closes it. It imports MindSpore and mindtorch directly on purpose, unlike everything outside
+compat/: a report to the layer's or MindSpore's maintainers must show the defect without our adaptation layer
+in between.
 
-    python tools/ms27_defects.py [CASE ...]      (default: all; .venv-ms27/bin/python)
+    python tools/ms27_defects.py [CASE ...]      (default: all; .venv/bin/python)
 
-Each case prints one line: `DEFECT` with what went wrong, or `ok` where this layer version does it right.
+Each case prints one line: `DEFECT` with what went wrong, or `ok` where this version does it right. The two
+MindSpore-alone cases:
+
+dict-aux: the objective's loss terms in a dict, returned as the aux output (has_aux) of a differentiated graph:
+    the build fails; the same terms as a tuple build (compat.jit.value_and_grad passes tuples).
+side-effects: the first call (build + first run) of a differentiated graph (`mindspore.value_and_grad` inside
+    `mindspore.jit`) over residual blocks whose training-mode BatchNorms write their moving statistics, against
+    the same graph with the kernel made pure, each in a fresh process (--blocks, --timeout). A MindSpore whose
+    runtime links such graphs slowly (2.6's did not finish the demo network's basic-step graph) shows a first
+    call far longer with the writes; compat builds step graphs without them (compat.jit.stateless_steps).
 """
 import argparse
 import os
+import subprocess
+import sys
 import tempfile
+import time
 
 import numpy as np
 
@@ -186,16 +199,146 @@ def jit_module():
     return "ok"
 
 
+def _ms():
+    os.environ.setdefault("GLOG_v", "3")
+    import mindspore
+    mindspore.set_context(mode=mindspore.PYNATIVE_MODE)
+    return mindspore
+
+
+def side_effects_case(blocks, pure, branches=1):
+    """First-call seconds of the residual network's compiled value_and_grad: `blocks` blocks of two conv +
+    BatchNorm layers, the second as `branches` parallel ones summed (as a mixture of experts is)."""
+    ms = _ms()
+    from mindspore import Parameter, Tensor, ops
+    from mindspore.ops import operations as P
+    rs = np.random.RandomState(0)
+    c = 8
+    conv = P.Conv2D(c, 3, pad_mode="same")
+    bn = P.BatchNorm(is_training=True, epsilon=1e-5, momentum=0.1)
+    if pure:
+        bn.set_signatures(tuple())
+        bn.del_prim_attr("side_effect_mem")
+    zeros, ones = Tensor(np.zeros(c, np.float32)), Tensor(np.ones(c, np.float32))
+    layers = []
+    for i in range((1 + branches) * blocks):
+        layers.append((Parameter(Tensor(rs.randn(c, c, 3, 3).astype(np.float32) * 0.2), name="w%d" % i),
+                       Parameter(Tensor(np.ones(c, np.float32)), name="g%d" % i),
+                       Parameter(Tensor(np.zeros(c, np.float32)), name="b%d" % i),
+                       Parameter(Tensor(np.zeros(c, np.float32)), name="m%d" % i, requires_grad=False),
+                       Parameter(Tensor(np.ones(c, np.float32)), name="v%d" % i, requires_grad=False)))
+    weights = [p for layer in layers for p in layer[:3]]
+
+    def norm(x, layer):
+        if pure:
+            return bn(conv(x, layer[0]), layer[1], layer[2], zeros, ones)[0]
+        return bn(conv(x, layer[0]), layer[1], layer[2], layer[3], layer[4])[0]
+
+    def loss_fn(x):
+        for i in range(blocks):
+            first = (1 + branches) * i
+            y = ops.relu(norm(x, layers[first]))
+            mixed = norm(y, layers[first + 1])
+            for k in range(1, branches):
+                mixed = mixed + norm(y, layers[first + 1 + k])
+            x = ops.relu(mixed + x)
+        return x.mean()
+
+    grad_fn = ms.value_and_grad(loss_fn, None, weights)
+
+    def step(x):
+        return grad_fn(x)
+
+    x = Tensor(rs.rand(4, c, 16, 8).astype(np.float32))
+    start = time.perf_counter()
+    loss, _ = ms.jit(step)(x)
+    loss.asnumpy()
+    return time.perf_counter() - start
+
+
+def side_effects(blocks=32, branches=4, timeout=120.0):
+    """The side-effect graph's first call against the pure one's, each in a process of its own."""
+    seconds = {}
+    for kind in ("side-effect", "pure"):
+        try:
+            out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", str(blocks), kind,
+                                  "--branches", str(branches)], capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return "DEFECT: %d blocks of %d branches, BatchNorm %s: first call not done after %.0f s" % (
+                blocks, branches, kind, timeout)
+        said = out.stdout.strip().splitlines()
+        if out.returncode != 0 or not said:
+            return "DEFECT: BatchNorm %s graph failed: %s" % (kind, out.stderr.strip().splitlines()[-1:])
+        seconds[kind] = float(said[-1])
+    what = "%d blocks of %d branches, first call %.1f s with the BatchNorms' writes, %.1f s without" % (
+        blocks, branches, seconds["side-effect"], seconds["pure"])
+    return ("DEFECT: " if seconds["side-effect"] > 2 * seconds["pure"] else "ok: ") + what
+
+
+def dict_aux():
+    """Loss terms in a dict filled by a callee, summed over its keys, returned with the total as aux of the
+    differentiated function, compiled; the same with the terms as a tuple."""
+    ms = _ms()
+    from mindspore import Parameter, Tensor
+    w = Parameter(Tensor(np.ones(3, np.float32)), name="w")
+
+    def terms_of(x):
+        terms = {}
+        terms["a"] = (x * w).sum()
+        terms["b"] = (x * w * w).sum()
+        return terms
+
+    def with_dict(x):
+        terms = terms_of(x)
+        total = None
+        for key in terms.keys():
+            total = terms[key] if total is None else total + terms[key]
+        return total, terms
+
+    def with_tuple(x):
+        terms = terms_of(x)
+        values = tuple(terms.values())
+        return values[0] + values[1], values
+
+    x = Tensor(np.arange(3, dtype=np.float32))
+    here = os.getcwd()
+    os.chdir(tempfile.mkdtemp(prefix="ms27-dict-aux-"))  # a failed build writes rank_0/om/analyze_fail.ir here
+    said = {}
+    try:
+        for fn in (with_dict, with_tuple):
+            grad_fn = ms.value_and_grad(fn, None, [w], has_aux=True)
+
+            def step(x):
+                return grad_fn(x)
+            try:
+                (loss, _), grads = ms.jit(step)(x)
+                said[fn.__name__] = "builds (loss %.1f)" % float(loss.asnumpy())
+            except Exception as exc:  # the defect: report it
+                said[fn.__name__] = "fails: %s: %s" % (type(exc).__name__, str(exc).splitlines()[0][:120])
+    finally:
+        os.chdir(here)
+    broken = said["with_dict"].startswith("fails")
+    return "%sdict aux %s; tuple aux %s" % ("DEFECT: " if broken else "ok: ", said["with_dict"], said["with_tuple"])
+
+
 CASES = {"dtype-str": dtype_str, "device": device, "move-to": move_to, "vector-norm": vector_norm,
          "cross-entropy": cross_entropy, "batch-norm": batch_norm, "module-bprop": module_bprop,
-         "backward": backward, "sgd": sgd, "jit-module": jit_module}
+         "backward": backward, "sgd": sgd, "jit-module": jit_module, "dict-aux": dict_aux,
+         "side-effects": side_effects}
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("cases", nargs="*", metavar="CASE", help="all (the default) or any of: %s"
                         % ", ".join(sorted(CASES)))
+    parser.add_argument("--blocks", type=int, default=32, help="residual blocks for side-effects")
+    parser.add_argument("--branches", type=int, default=4, help="parallel conv + BatchNorm branches per block")
+    parser.add_argument("--timeout", type=float, default=120, help="seconds per side-effects graph")
+    parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child:
+        print("%.2f" % side_effects_case(int(args.child[0]), args.child[1] == "pure", args.branches))
+        return
     unknown = [c for c in args.cases if c not in CASES and c != "all"]
     if unknown:
         parser.error("unknown case %s; use all or any of: %s" % (", ".join(unknown), ", ".join(sorted(CASES))))
@@ -203,7 +346,11 @@ def main():
     from importlib.metadata import version
     print("MindSpore %s, mindnlp %s (mindtorch)" % (mindspore.__version__, version("mindnlp")))
     for name in (sorted(CASES) if not args.cases or "all" in args.cases else args.cases):
-        print("%-14s %s" % (name, CASES[name]()), flush=True)
+        call = CASES[name]
+        if name == "side-effects":
+            print("%-14s %s" % (name, call(args.blocks, args.branches, args.timeout)), flush=True)
+        else:
+            print("%-14s %s" % (name, call()), flush=True)
 
 
 if __name__ == "__main__":

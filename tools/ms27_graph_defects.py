@@ -5,7 +5,7 @@ tools/ms27_defects.py (the layer's op-by-op defects). It imports MindSpore and m
 unlike everything outside compat/: a report to the maintainers must show the defect without our adaptation
 layer in between.
 
-    python tools/ms27_graph_defects.py [CASE ...]      (default: all; .venv-ms27/bin/python)
+    python tools/ms27_graph_defects.py [CASE ...]      (default: all; .venv/bin/python)
 
 Each case prints one line: `DEFECT` with what went wrong, or `ok` where this version does it right. The cases
 build graphs: a minute or two in all on a 2-core CPU.

@@ -41,7 +41,7 @@ from compat.errors import UserError
 logger = logging.getLogger("acl_reid.serve")
 
 PIP = ("pip install fastapi==0.163.2 uvicorn==0.54.0 python-multipart==0.0.34 (they are in requirements-torch.txt "
-       "and requirements-ms27.txt)")
+       "and requirements.txt)")
 TOKEN_ENV = "ACL_REID_TOKEN"
 MAX_UPLOAD_BYTES = 10 * 1024 * 1024
 MAX_PIXELS = 40_000_000
