@@ -4,7 +4,7 @@ MSAdapter gets these wrong or lacks them on CPU: its BatchNorm keeps a *biased* 
 `F.batch_norm(training=True)` never updates the running tensors it is given, and `F.instance_norm` /
 `InstanceNorm2d` fail. On MindSpore both ops therefore run MindSpore's fused `ops.BatchNorm` kernel (forward
 and backward; composing the same maths from adapter ops costs several times more per layer,
-docs/performance.md#archive) and torch's running-statistics rule is applied on top: the kernel, given
+docs/performance.md#kernels) and torch's running-statistics rule is applied on top: the kernel, given
 momentum 0, writes back the statistics it is given unchanged and returns the batch mean and variance (its 4th
 and 5th outputs; `probe_kernel` tells which variance), from which the running tensors get torch's update with
 the unbiased variance.
@@ -138,7 +138,7 @@ def _graph_instance_norm(x, weight, bias, eps):
     N*C channels). Its per-(sample, channel) scale / offset are the affine tiled N times, its statistics
     inputs constants that momentum 0 writes back unchanged. Forward and gradients equal the op-by-op kernel's
     bit for bit; the reductions it replaces (two means, five full-size elementwise ops) cost several times
-    more at full size (per layer shape: docs/performance.md#archive)."""
+    more at full size (per layer shape: docs/performance.md#kernels)."""
     shape = x.shape
     n, nc = shape[0], shape[0] * shape[1]
     # MindSpore primitives only (not the layer's Tensor methods and casts, specialised per call site)
