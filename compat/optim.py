@@ -12,7 +12,7 @@ Update rule per parameter (torch's, coupled L2):
 
 On MindSpore the whole rule is one fused `ops.SGD` kernel call per parameter (its `stat` input is torch's
 "first step initialises the buffer" switch), several times cheaper than composing it from adapter ops
-(bench/optim_step.py; docs/performance.md#benchmarks); on torch it
+(bench/optim_step.py; docs/performance.md#kernels); on torch it
 is the same per-tensor arithmetic torch.optim.SGD runs on CPU, so results are bitwise equal.
 
 `state_dict()` has torch's layout ({'state': {index: {'momentum_buffer': array|None}}, 'param_groups': [...]})
