@@ -83,7 +83,7 @@ def detach(x):
 def max_pool2d_ceil(x, kernel_size, stride):
     """F.max_pool2d(x, kernel_size, stride, ceil_mode=True) on (N, C, H, W), no padding. MSAdapter runs ceil
     mode through a 3-D pooling kernel that also computes argmax indices, several times a plain pooling at full
-    size (docs/performance.md#earlier-summary): on MindSpore the map is instead padded at the bottom / right
+    size (docs/performance.md#kernels): on MindSpore the map is instead padded at the bottom / right
     with -inf up to the size whose floor-mode pooling has the ceil-mode output size, then pooled by the plain
     kernel. Same windows, same maxima (torch's rule that the last window starts inside the input holds: at most
     stride - 1 rows / columns are added)."""
