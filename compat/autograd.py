@@ -18,7 +18,7 @@ per training-step kind); a closure created afresh each step under the same name 
 The same switch happens when the op sequence of one function changes between its first and second call
 because some code runs MindSpore ops once, lazily, on first use, e.g. `compat.norm.probe_kernel` (a one-off
 batch norm on two values) inside the first recorded forward: every later op-by-op training step would then
-rebuild and recompile its backward graph (docs/demo.md has what that cost the demo). Such probes therefore run
+rebuild and recompile its backward graph. Such probes therefore run
 before the first recorded call (`_eager_probes`; tests/test_compat_norm.py checks the first calls record the
 same ops).
 """
