@@ -13,8 +13,8 @@ import importlib
 
 from compat.errors import UserError
 
-# public name -> submodule that defines it; the backend itself (BACKEND, torch, nn, F, IS_MINDSPORE) comes
-# from compat.backend
+# public name -> submodule that defines it; the backend itself (BACKEND, torch, nn, F, IS_MINDSPORE, STACK,
+# layer) comes from compat.backend
 _EXPORTS = {
     "as_tensor": "tensor", "to_numpy": "tensor", "manual_seed": "tensor", "no_grad": "tensor", "assign_": "tensor",
     "is_tensor": "tensor", "zeros_like": "tensor", "detach_tree": "tensor",
@@ -26,7 +26,7 @@ _EXPORTS = {
     "eager_only": "jit", "state_buffer": "jit",
 }
 _SUBMODULES = ("optim", "schedules", "checkpoint", "data", "jit", "distributed")
-_BACKEND_NAMES = ("BACKEND", "IS_MINDSPORE", "LAYER", "STACK", "torch", "nn", "F")
+_BACKEND_NAMES = ("BACKEND", "IS_MINDSPORE", "STACK", "layer", "LAYER", "torch", "nn", "F")
 _state = {"loading": False}
 
 
@@ -39,11 +39,11 @@ def _load():
         g = globals()
         g.update(_info=info, BACKEND=info["name"], torch=info["torch"], nn=info["nn"], F=info["F"],
                  IS_MINDSPORE=info["name"] == "mindspore",
-                 # LAYER: 'torch' | 'mindtorch' (mindnlp 0.5.1's, on MindSpore 2.7, the default) |
-                 # 'msadapter.pytorch' (the legacy stack, MindSpore 2.0); STACK: the Makefile's name of it
-                 LAYER=info["layer"], STACK=info["stack"])
-        if info["layer"] == "msadapter.pytorch":  # compiled, the hot functional ops skip the layer's wrappers
-            g["F"] = importlib.import_module("compat.graph_ops").functional(info["F"])
+                 # STACK: 'torch' | 'ms27' (the default) | 'msadapter' (legacy), the Makefile's names;
+                 # layer: its package under compat/layers/ (None on torch); LAYER: the torch module's name
+                 STACK=info["stack"], layer=info["layer_package"], LAYER=info["layer"])
+        if info["layer_package"] is not None:  # the layer's own compat.F (MSAdapter: thin ops in graphs)
+            g["F"] = info["layer_package"].functional(info["F"])
         for name, module in _EXPORTS.items():
             # a submodule imported directly (`import compat.norm`) is still half-initialised when its own
             # module-level code got here: its names are bound later, on first use (__getattr__)

@@ -1,26 +1,26 @@
 """Backend selection: the one place that decides which framework sits under the torch API.
 
 `REID_BACKEND` picks it (``mindspore``, the default, or ``torch``). Under MindSpore the torch-API layer is the
-one installed in the environment, in the order of `LAYERS`: the top-level ``mindtorch`` of the mindnlp 0.5.1
-wheel (on stable MindSpore 2.7, `.venv`, the default stack) or ``msadapter.pytorch`` 0.1.0 (on MindSpore 2.0.0,
-`.venv-msadapter`, the legacy stack). Entry points set the variable from ``--backend`` before anything imports
-``compat``.
+one installed in the environment, in the order of `compat.layers.ORDER`: the ms27 stack (the top-level
+``mindtorch`` of the mindnlp 0.5.1 wheel on stable MindSpore 2.7, `.venv`, the default) or the msadapter stack
+(``msadapter.pytorch`` 0.1.0 on MindSpore 2.0.0, `.venv-msadapter`, legacy). Everything a layer needs is in its
+package under compat/layers/; this module only calls the names every layer package has. Entry points set the
+variable from ``--backend`` before anything imports ``compat``.
 """
 import importlib
-import importlib.util
 import multiprocessing
 import os
 import sys
 import warnings
 
-from compat import shims, shims_ms27
+from compat import layers as _layers
 from compat.errors import UserError
 
 BACKENDS = ("mindspore", "torch")
-# The torch-API layers on MindSpore, in the order they are tried, and the stack each one is (the Makefile's
+# The torch-API modules on MindSpore, in the order they are tried, and the stack each one is (the Makefile's
 # STACK names). An environment holds one of them; the order only matters where several are installed.
-LAYERS = ("mindtorch", "msadapter.pytorch")
-STACKS = {"mindtorch": "ms27", "msadapter.pytorch": "msadapter", "torch": "torch"}
+LAYERS = tuple(_layers.get(stack).MODULE for stack in _layers.ORDER)
+STACKS = dict({_layers.get(stack).MODULE: stack for stack in _layers.ORDER}, torch="torch")
 
 
 def requested_backend():
@@ -32,37 +32,9 @@ def requested_backend():
 
 
 def installed_layers():
-    """The torch-API layers installed here, in `LAYERS` order, found from their files without importing them
-    (importing mindnlp's ``mindtorch`` redirects ``import torch`` to itself for the rest of the process)."""
-    found = []
-    spec = importlib.util.find_spec("mindtorch")
-    # mindnlp's mindtorch is the torch module itself; PyPI's own `mindtorch` releases (a package holding
-    # ``mindtorch/torch``, for MindSpore pre-releases; no longer a stack here) are not a layer compat runs
-    if spec is not None and spec.submodule_search_locations and not any(
-            os.path.isdir(os.path.join(p, "torch")) for p in spec.submodule_search_locations):
-        found.append("mindtorch")
-    if importlib.util.find_spec("msadapter") is not None:
-        found.append("msadapter.pytorch")
-    return [layer for layer in LAYERS if layer in found]
-
-
-def _layer_version(layer):
-    """The layer's release: mindnlp's mindtorch says `test_version_no_value` as its `__version__`, so the wheel
-    that ships it (mindnlp) gives the number there."""
-    from importlib.metadata import version as dist_version
-    if layer == "mindtorch":
-        try:
-            return "%s (mindnlp)" % dist_version("mindnlp")
-        except Exception:
-            return "unknown"
-    top = importlib.import_module(layer.split(".")[0])
-    version = getattr(top, "__version__", None)
-    if version is None:
-        try:
-            version = dist_version(layer.split(".")[0])
-        except Exception:
-            version = "unknown"
-    return version
+    """The torch-API modules installed here, in `LAYERS` order, found from their files without importing them
+    (each layer's `probe`)."""
+    return [_layers.get(stack).MODULE for stack in _layers.installed()]
 
 
 PROTOBUF_VARIABLE = "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION"
@@ -99,7 +71,7 @@ def check_protobuf_for_mindspore():
 
 
 def _import_torch_api_on_mindspore():
-    """Return (torch, nn, F, layer_name, layer_version) for the MindSpore backend."""
+    """Return (torch, nn, F, layer package) for the MindSpore backend."""
     # MindSpore logs every warning of its device probes to stderr; keep only errors unless the user asked.
     os.environ.setdefault("GLOG_v", "3")
     check_protobuf_for_mindspore()
@@ -112,42 +84,25 @@ def _import_torch_api_on_mindspore():
             "backend 'mindspore' needs the MindSpore environment (%s); run 'make setup' and use "
             ".venv/bin/python, or pick --backend torch" % exc) from None
     errors = []
-    layers = installed_layers()
-    if layers and layers[0] == "mindtorch":
-        _synchronous_launch(mindspore)
-        shims_ms27.before_import()
-    for layer in layers:
+    found = [_layers.get(stack) for stack in _layers.installed()]
+    if found:
+        found[0].before_import(mindspore)
+    for layer in found:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                torch = importlib.import_module(layer)
-                nn = importlib.import_module(layer + ".nn")
-                F = importlib.import_module(layer + ".nn.functional")
+                torch = importlib.import_module(layer.MODULE)
+                nn = importlib.import_module(layer.MODULE + ".nn")
+                F = importlib.import_module(layer.MODULE + ".nn.functional")
         except Exception as exc:  # mindtorch on a MindSpore it was not written for fails in many ways
-            errors.append("%s: %s: %s" % (layer, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else ""))
+            errors.append("%s: %s: %s" % (layer.MODULE, type(exc).__name__,
+                                          str(exc).splitlines()[0] if str(exc) else ""))
             continue
-        if layer == "mindtorch":
-            shims_ms27.apply(torch)
-        shims.fix_tensor_metaclass(torch)  # MSAdapter: an out-of-bounds read that crashes now and then
-        return torch, nn, F, layer, _layer_version(layer)
+        layer.after_import(torch)
+        return torch, nn, F, layer
     raise UserError("no torch-API layer for MindSpore imports (%s); run 'make setup' and use .venv/bin/python "
                     "(mindnlp==0.5.1 installed --no-deps: requirements-nodeps.txt)" % ("; ".join(errors) or
                                                                                       "none installed"))
-
-
-def _synchronous_launch(mindspore):
-    """MindSpore 2.7 (the mindtorch stack): PyNative mode with synchronous op launch
-    (`mindspore.runtime.launch_blocking()`), set before the first op runs (the torch-API layer's import runs
-    ops). By default it hands every op to a launch thread, which on a machine with few cores competes with the
-    kernels. Set after any op has run, the setting does not take: then every op of the older kind (an
-    `Assign`, as optimizer, fast-weight and running-statistics updates run) waits for the launch thread to
-    catch up, and a step's many small updates cost more than its kernels (the op-by-op step was several times
-    slower with the launch thread, docs/ms27.md). Not on MindSpore 2.0 (MSAdapter): its launch stays
-    MindSpore's default, which that stack's tests and figures are taken with."""
-    if is_mindspore_2_0():
-        return
-    mindspore.set_context(mode=mindspore.PYNATIVE_MODE)
-    mindspore.runtime.launch_blocking()
 
 
 def is_proxy_torch(module):
@@ -184,9 +139,9 @@ def load():
                             "that name once imported); run 'make setup-torch' and use .venv-torch/bin/python, "
                             "or pick --backend mindspore") from None
         return dict(name=name, torch=torch, nn=nn, F=F, layer="torch", layer_version=torch.__version__,
-                    stack="torch", framework="torch", framework_version=torch.__version__)
+                    stack="torch", layer_package=None, framework="torch", framework_version=torch.__version__)
 
-    torch, nn, F, layer, layer_version = _import_torch_api_on_mindspore()
+    torch, nn, F, layer = _import_torch_api_on_mindspore()
     import mindspore
     mindspore.set_context(mode=mindspore.PYNATIVE_MODE)
     # MSAdapter forces the 'spawn' start method when imported; its own workers then die and so do
@@ -199,5 +154,6 @@ def load():
     # The layer warns on every in-place op ("not encouraged"); that says nothing about correctness here.
     warnings.filterwarnings("ignore", category=UserWarning, module=r"(msadapter|mindtorch)(\..*)?")
     warnings.filterwarnings("ignore", message=r".*inplace.*", category=UserWarning)
-    return dict(name=name, torch=torch, nn=nn, F=F, layer=layer, layer_version=layer_version, stack=STACKS[layer],
-                framework="mindspore", framework_version=mindspore.__version__)
+    return dict(name=name, torch=torch, nn=nn, F=F, layer=layer.MODULE,
+                layer_version=layer.version(), stack=layer.STACK, layer_package=layer, framework="mindspore",
+                framework_version=mindspore.__version__)

@@ -34,9 +34,8 @@ def set_device(name):
     return key
 
 
-# MindSpore's device_target per device, and mindnlp mindtorch's device label for it
+# MindSpore's device_target per device (the layer's own label: its `set_device`, compat/layers/)
 _MINDSPORE_TARGETS = {"cpu": "CPU", "gpu": "GPU", "ascend": "Ascend"}
-_MINDTORCH_DEVICES = {"cpu": "cpu", "gpu": "cuda", "ascend": "npu"}
 
 
 def _set_mindspore_device(key):
@@ -55,9 +54,7 @@ def _set_mindspore_device(key):
                             "(--device, MODEL.DEVICE) before anything runs" % (key, target_before, first)) from None
         raise UserError("device %r is not available to this MindSpore install (%s); install the MindSpore "
                         "build for that device or use --device cpu" % (key, first)) from None
-    if _c.LAYER == "mindtorch":
-        from mindtorch._bind import set_default_device
-        set_default_device(_MINDTORCH_DEVICES[key])
+    _c.layer.set_device(key)
 
 
 def current_device():

@@ -79,7 +79,7 @@ def _exportable(net):
     export only, every parameter of `net` is replaced by a `mindspore.Parameter` of the same value and name,
     held by a Cell whose construct calls `net`, and the graph is built with the layer's graph forms in place
     (`compat.jit.building`); the parameters go back afterwards."""
-    if _c.LAYER != "mindtorch":
+    if not _c.layer.BUILDS_THROUGH_FORMS:
         yield net
         return
     import mindspore
@@ -158,8 +158,9 @@ class CompiledRunner:
 
             def forward(images):
                 return net(images)
-            # ms27: built with the layer's graph forms in place (compat.jit.compiled)
-            self._call = mindspore.jit(forward) if _c.LAYER != "mindtorch" else _c.jit.compiled(forward, "runner")
+            # a layer that builds through its graph forms: built with them in place (compat.jit.compiled)
+            self._call = (_c.jit.compiled(forward, "runner") if _c.layer.BUILDS_THROUGH_FORMS
+                          else mindspore.jit(forward))
         else:
             self._call = net
 

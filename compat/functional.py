@@ -12,7 +12,7 @@ def normalize(x, p=2.0, dim=1, eps=1e-12):
     """torch.nn.functional.normalize: x / max(||x||_p over `dim`, eps), with correct gradients on MindSpore."""
     if not _c.IS_MINDSPORE:
         return _c.F.normalize(x, p, dim, eps)
-    if in_graph() and _c.LAYER == "mindtorch":
+    if in_graph() and _EXPORT_CLAMP_AS_MAXIMUM:
         # the same values; MindSpore 2.7's ONNX exporter refuses a clamp with a lower bound only
         return x / _ms_ops.maximum(vector_norm(x, p, dim), eps)
     return x / vector_norm(x, p, dim).clamp(min=eps)
@@ -21,8 +21,8 @@ def normalize(x, p=2.0, dim=1, eps=1e-12):
 def vector_norm(x, p=2.0, dim=1):
     """||x||_p over `dim`, keepdim. Compiled on MindSpore, `torch.norm` would run as interpreted Python (and
     fail): there it is the same maths from elementwise ops and a sum, whose gradient is right away from 0."""
-    if in_graph() and _c.LAYER == "mindtorch" and not exporting() and _positive_integral_c(p):
-        # the ms27 layer's own kernel for torch.norm (LpNorm): compiled and op by op round alike (an exported
+    if in_graph() and _LP_NORM_IN_GRAPHS and not exporting() and _positive_integral_c(p):
+        # the layer's own kernel for torch.norm (LpNorm, ms27): compiled and op by op round alike (an exported
         # file takes the reductions below: MindSpore 2.7 exports no LpNorm to ONNX)
         return _lp_norm_c(dim, p)(x)
     if in_graph():  # compiled, the torch-API layer's reductions run as interpreted Python: MindSpore's ops
@@ -112,7 +112,9 @@ def _eager_where(condition, x, y):
     return _c.torch.where(condition, x, y)
 
 
+_LP_NORM_IN_GRAPHS = _EXPORT_CLAMP_AS_MAXIMUM = False  # the active layer's (compat/layers/), read in graphs
 if _c.IS_MINDSPORE:
+    _LP_NORM_IN_GRAPHS, _EXPORT_CLAMP_AS_MAXIMUM = _c.layer.LP_NORM_IN_GRAPHS, _c.layer.EXPORT_CLAMP_AS_MAXIMUM
     from mindspore import ops as _ms_ops
     from mindspore.ops import operations as _ms_P
     from mindspore.ops._primitive_cache import _get_cache_prim as _prim_cache

@@ -1,9 +1,9 @@
 """What code that may run inside a compiled graph asks about the build: whether a graph is being built now
 (`in_graph`, `state_through_gradients`), and the decorator that keeps Python-only code out of it
 (`eager_only`). compat.jit sets the flags around each build (`set_building`) and re-exports the three names,
-their public home (`compat.jit.in_graph`, `compat.eager_only`); the layers below it (compat.norm,
-compat.functional, compat.graph_ops) import them from here, so that compat.jit may use them without a
-circle. The rules for code reachable from a compiled function are in compat/jit.py's docstring.
+their public home (`compat.jit.in_graph`, `compat.eager_only`); the modules below it (compat.norm,
+compat.functional, the layers' graph modules) import them from here, so that compat.jit may use them without
+a circle. The rules for code reachable from a compiled function are in compat/jit.py's docstring.
 """
 import compat as _c
 

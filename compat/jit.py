@@ -72,7 +72,7 @@ size (type inference copies every called function per call site; the copies form
 MindSpore's memory-recycle call frees). After a graph's first call `_Timed` frees them
 (`_release_build_memory`) and runs the graph it built directly from then on, which keeps a fraction of what
 the build added, with the same outputs (tests/test_compiled.py). The peak is still the build itself; on the
-MSAdapter layer compat.F's hot ops are MindSpore primitives inside graphs (compat/graph_ops.py), which
+MSAdapter layer compat.F's hot ops are MindSpore primitives inside graphs (compat/layers/msadapter/graph.py), which
 shrinks the graph and that peak (figures: docs/performance.md#build-memory).
 
 The CPU kernel pool is sized to the machine's cores when compat is imported (`set_threads`; MindSpore's
@@ -133,21 +133,20 @@ _COMPILED_FORMS = []
 
 
 def _swap_forms(graph):
-    """Put every registered compiled form (graph True) or the method itself (False) in place; on the ms27 stack
-    also the torch-API layer's graph forms (compat/graph_ms27.py)."""
+    """Put every registered compiled form (graph True) or the method itself (False) in place, and the torch-API
+    layer's graph forms (its `graph_forms`: compat/layers/ms27/graph.py; none on MSAdapter)."""
     for owner, name, fn, graph_fn in _COMPILED_FORMS:
         setattr(owner, name, graph_fn if graph else fn)
-    if _c.LAYER == "mindtorch":
-        from compat import graph_ms27
-        graph_ms27.swap(graph)
+    if _c.layer is not None:
+        _c.layer.graph_forms(graph)
 
 
 @contextlib.contextmanager
 def building(grad=False, export=False):
-    """Around MindSpore's parse of the project's code (a compiled function's first call; on the ms27 stack also
-    an export, `export` True): `in_graph()` True (`grad`: `state_through_gradients()` too; `export`:
-    `exporting()`), the compiled forms in place and, on the ms27 stack, the torch-API layer's graph forms
-    (compat/graph_ms27.py)."""
+    """Around MindSpore's parse of the project's code (a compiled function's first call; on a layer that
+    `BUILDS_THROUGH_FORMS` also an export, `export` True): `in_graph()` True (`grad`: `state_through_gradients()`
+    too; `export`: `exporting()`), the compiled forms in place and the torch-API layer's graph forms
+    (compat/layers/)."""
     set_building(True, grad, export)
     _swap_forms(True)
     try:
@@ -231,7 +230,7 @@ def _direct_construct(model):
 
 def steps_supported():
     """Whether compiled training steps (MODEL.JIT) build on this stack: on every MindSpore stack (on 2.7 through
-    `stateless_steps` and the layer's graph forms, compat/graph_ms27.py)."""
+    `stateless_steps` and the layer's graph forms, compat/layers/ms27/graph.py)."""
     return _c.IS_MINDSPORE
 
 
@@ -239,9 +238,9 @@ def stateless_steps():
     """Whether differentiated graphs are built free of side effects here: on MindSpore 2.7 (the default stack),
     not on 2.0. The batch norms' running statistics then leave a training-step graph as gradients (the
     statistics tap of `compat.norm`) and `value_and_grad` applies them after the call, and its aux dicts leave
-    as tuples: a dict output of a differentiated graph fails to build on 2.7 (`tools/ms27_defects.py
+    as tuples: a dict output of a differentiated graph fails to build on 2.7 (`repros/ms27_defects.py
     dict-aux`). Graphs with the batch norms' writes inside do build on 2.7 and run as fast
-    (`tools/ms27_defects.py side-effects`: docs/ms27.md#compiled-execution); compat keeps one way on it."""
+    (`repros/ms27_defects.py side-effects`: docs/ms27.md#compiled-execution); compat keeps one way on it."""
     return _c.IS_MINDSPORE and not is_mindspore_2_0()
 
 

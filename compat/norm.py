@@ -1,13 +1,13 @@
 """Batch and instance normalisation with exact PyTorch semantics on both backends.
 
-MSAdapter gets these wrong or lacks them on CPU: its BatchNorm keeps a *biased* running variance,
-`F.batch_norm(training=True)` never updates the running tensors it is given, and `F.instance_norm` /
-`InstanceNorm2d` fail. On MindSpore both ops therefore run MindSpore's fused `ops.BatchNorm` kernel (forward
-and backward; composing the same maths from adapter ops costs several times more per layer,
-docs/performance.md#kernels) and torch's running-statistics rule is applied on top: the kernel, given
-momentum 0, writes back the statistics it is given unchanged and returns the batch mean and variance (its 4th
-and 5th outputs; `probe_kernel` tells which variance), from which the running tensors get torch's update with
-the unbiased variance.
+Layer-neutral: on every MindSpore stack both ops run MindSpore's fused `ops.BatchNorm` kernel (forward and
+backward), never the layer's norms, which get these wrong (MSAdapter: a *biased* running variance,
+`F.batch_norm(training=True)` never updating the running tensors it is given, failing instance norms;
+mindnlp's mindtorch: affine and statistics swapped; each layer's table in compat/layers/), and composing the
+same maths from the layer's ops costs several times more per layer (docs/performance.md#kernels). torch's
+running-statistics rule is applied on top: the kernel, given momentum 0, writes back the statistics it is given
+unchanged and returns the batch mean and variance (its 4th and 5th outputs; `probe_kernel` tells which
+variance), from which the running tensors get torch's update with the unbiased variance.
 Instance norm is the same kernel on the (1, N*C, H, W) view. On torch the native kernels are used.
 
 batch_norm modes (the ACL "type_running_stats"):

@@ -1,7 +1,7 @@
 """The MindSpore 2.7 stack (mindnlp 0.5.1's top-level `mindtorch`, `.venv`, the default): compat picks the layer,
-never takes it for PyTorch, and each shim of compat/shims_ms27.py fixes a defect of the layer that the
+never takes it for PyTorch, and each shim of compat/layers/ms27/defects.py fixes a defect of the layer that the
 test first shows without it. The layer-free tests run on every stack; the rest where that layer is active
-(tools/ms27_defects.py shows each defect without compat)."""
+(repros/ms27_defects.py shows each defect without compat)."""
 import subprocess
 import sys
 import types
@@ -53,7 +53,7 @@ def test_the_active_layer_is_the_installed_one():
     assert compat.STACK == backend.STACKS[compat.LAYER]
     info = compat.info()
     assert info["torch_api"] == compat.LAYER and info["stack"] == compat.STACK
-    if compat.LAYER == "mindtorch":
+    if compat.STACK == "ms27":
         import mindspore
         assert mindspore.__version__.startswith("2.7.")
         assert info["torch_api_version"].endswith("(mindnlp)") and info["torch_api_version"][0].isdigit()
@@ -85,10 +85,10 @@ def test_torch_backend_in_the_ms27_environment_is_a_one_line_error(first):
 
 # -- the layer's defects: each shown without its shim (the layer's own function, kept by the shim), then fixed
 def _ms27():
-    if compat.LAYER != "mindtorch":
+    if compat.STACK != "ms27":
         pytest.skip("the MindSpore 2.7 stack's layer (mindnlp's mindtorch) is not the active one")
-    from compat import shims_ms27
-    return compat.torch, shims_ms27
+    from compat.layers.ms27 import defects
+    return compat.torch, defects
 
 
 def _grad(fn, *arrays):

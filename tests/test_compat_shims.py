@@ -1,8 +1,9 @@
-"""compat/shims.py: the tensor-metaclass fix (MSAdapter's out-of-bounds read in pybind11's metaclass call)."""
+"""compat/layers/msadapter/defects.py: the tensor-metaclass fix (MSAdapter's out-of-bounds read in pybind11's
+metaclass call)."""
 import numpy as np
 
 import compat
-from compat.shims import fix_tensor_metaclass
+from compat.layers.msadapter.defects import fix_tensor_metaclass
 
 
 def _stand_ins(instances_are_pybind11):
@@ -32,7 +33,7 @@ def test_the_fix_bypasses_the_pybind11_metaclass_call_only_for_non_pybind11_inst
 def test_the_active_layer_builds_tensors_without_the_out_of_bounds_read():
     """On MSAdapter (a 32-byte Tensor object under pybind11's metaclass) the fix is in place after import;
     torch and mindtorch need none."""
-    if compat.LAYER != "msadapter.pytorch":
+    if compat.STACK != "msadapter":
         assert fix_tensor_metaclass(compat.torch) is None
         return
     tensor = compat.torch.Tensor

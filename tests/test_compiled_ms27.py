@@ -1,6 +1,6 @@
 """Compiled execution and export on the MindSpore 2.7 stack (mindnlp 0.5.1's `mindtorch`): each obstacle of the
 layer or of MindSpore 2.7 that compat works around, shown first without compat's way round it and then with it
-(compat/graph_ms27.py, compat/jit.py, compat/export.py; tools/ms27_graph_defects.py shows each on the layer
+(compat/layers/ms27/graph.py, compat/jit.py, compat/export.py; repros/ms27_graph_defects.py shows each on the layer
 alone). The whole network's compiled forward, steps and files are compared with op by op in
 tests/test_compiled.py, tests/test_compiled_steps.py, tests/test_training.py and tests/test_export.py."""
 import os
@@ -10,7 +10,7 @@ import pytest
 
 import compat
 
-pytestmark = pytest.mark.skipif(not (compat.IS_MINDSPORE and compat.LAYER == "mindtorch"),
+pytestmark = pytest.mark.skipif(not (compat.IS_MINDSPORE and compat.STACK == "ms27"),
                                 reason="the MindSpore 2.7 stack's compiled path (.venv)")
 
 
@@ -74,8 +74,8 @@ def test_the_forms_are_removed_when_a_build_fails(in_tmp):
         return layer(x)[undefined_name]  # noqa: F821 (the failure)
     with pytest.raises(Exception):
         compat.jit.compiled(broken, "ms27_broken")(_data(2, 3))
-    from compat import graph_ms27
-    assert compat.nn.Module.__call__ is own_call and not graph_ms27._SAVED
+    from compat.layers.ms27 import graph
+    assert compat.nn.Module.__call__ is own_call and not graph._SAVED
     assert compat.to_numpy(layer(_data(2, 3))).shape == (2, 2)
 
 

@@ -73,7 +73,7 @@ def _launch(out, args, nproc=2):
 def _single(out, args):
     """The one-process reference run. A run killed by a signal is repeated once from scratch (MindSpore 2.0 +
     MSAdapter crashed now and then, once in this reference run: docs/limitations.md, now avoided by
-    compat/shims.py; kept for crashes of other causes), anything else fails the test."""
+    compat/layers/msadapter/defects.py; kept for crashes of other causes), anything else fails the test."""
     for attempt in range(2):
         proc = subprocess.run([sys.executable, CHILD, out] + list(args), cwd=ROOT, capture_output=True, text=True,
                               timeout=1200)

@@ -1,11 +1,11 @@
 """What stands between mindnlp 0.5.1's `mindtorch` and MindSpore 2.7's compiled execution and export, each reduced
 to a few lines of MindSpore (and the layer, where it is the layer's) without project code; docs/ms27.md
 (#compiled-execution) says what each one broke here and what compat does instead. The sibling of
-tools/ms27_defects.py (the layer's op-by-op defects). It imports MindSpore and mindtorch directly on purpose,
+repros/ms27_defects.py (the layer's op-by-op defects). It imports MindSpore and mindtorch directly on purpose,
 unlike everything outside compat/: a report to the maintainers must show the defect without our adaptation
 layer in between.
 
-    python tools/ms27_graph_defects.py [CASE ...]      (default: all; .venv/bin/python)
+    python repros/ms27_graph_defects.py [CASE ...]      (default: all; .venv/bin/python)
 
 Each case prints one line: `DEFECT` with what went wrong, or `ok` where this version does it right. The cases
 build graphs: a minute or two in all on a 2-core CPU.
@@ -28,7 +28,7 @@ def _layer():
     _ms()
     import mindtorch
     cpu = mindtorch.device("cpu")
-    # (the layer's tensors from plain MindSpore ops have no device: tools/ms27_defects.py device)
+    # (the layer's tensors from plain MindSpore ops have no device: repros/ms27_defects.py device)
     mindtorch.Tensor.device = property(lambda self: getattr(self, "_device", cpu))
     return mindtorch
 
@@ -49,7 +49,7 @@ def _first_line(exc):
 
 
 def jit_ops():
-    """With the layer's Module.__call__ out of the way (its `try` is tools/ms27_defects.py jit-module), the graph
+    """With the layer's Module.__call__ out of the way (its `try` is repros/ms27_defects.py jit-module), the graph
     parser still refuses every op of the layer: each goes through its dispatcher, which the parser cannot read."""
     ms = _ms()
     torch = _layer()

@@ -1,6 +1,5 @@
-"""Runtime shim for the legacy MSAdapter stack: one crash fix for MSAdapter 0.1.0 on MindSpore 2.0.0
-(`fix_tensor_metaclass`). The default stack's shims (mindnlp's mindtorch on MindSpore 2.7) are in
-compat/shims_ms27.py.
+"""The msadapter stack's runtime fix (MSAdapter 0.1.0 on MindSpore 2.0.0): one crash, the tensor-metaclass
+row of its table (compat/layers/msadapter/__init__.py).
 """
 
 

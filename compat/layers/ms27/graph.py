@@ -1,5 +1,5 @@
-"""Compiled execution on mindnlp's `mindtorch` (the ms27 stack, MindSpore 2.7): what the torch-API layer's code
-is replaced by while MindSpore builds a graph.
+"""The ms27 stack's graph forms (mindnlp's `mindtorch` on MindSpore 2.7): what the torch-API layer's code is
+replaced by while MindSpore builds a graph.
 
 MindSpore's `mindspore.jit` builds a graph by parsing the Python source of everything the compiled function
 calls (compat/jit.py). Two things of this layer cannot be parsed:
@@ -20,7 +20,7 @@ Parameters need nothing either: the layer's `Parameter` carries MindSpore's mark
 `param_info`, so a graph reads it as a weight, live, as long as it is written in place (`compat.assign_`, which
 is `ops.assign`): the layer's in-place methods (`add_`, `mul_`, `copy_`...) give the tensor new storage
 instead, and a built graph goes on reading the old one (tests/test_compiled.py checks writes after the
-build; tools/ms27_defects.py shows the layer's).
+build; repros/ms27_defects.py shows the layer's).
 
 A function missing here fails the build with MindSpore's parse error pointing at the layer's `execute`:
 add its form (and a case to tests/test_compiled.py).
@@ -159,7 +159,7 @@ def _arange(end):
 
 
 def F_conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
-    return _g.graph_conv2d(input, weight, bias, stride, padding, dilation, groups)
+    return _p.graph_conv2d(input, weight, bias, stride, padding, dilation, groups)
 
 
 def F_linear(input, weight, bias=None):
@@ -170,11 +170,11 @@ def F_linear(input, weight, bias=None):
 
 
 def F_relu(input, inplace=False):
-    return _g._RELU(input)
+    return _p.RELU(input)
 
 
 def F_softmax(input, dim=-1, dtype=None):
-    return _g.graph_softmax(input, dim)
+    return _p.graph_softmax(input, dim)
 
 
 def F_log_softmax(input, dim=None, dtype=None):
@@ -209,7 +209,7 @@ if _c.IS_MINDSPORE:
     import mindspore as _ms
     from mindspore import ops as _ops
     from mindspore.ops import operations as _P
-    from compat import graph_ops as _g
+    from compat import primitives as _p
     _EXP, _LOG, _LOG1P, _SIGMOID, _SQRT, _ISINF = _P.Exp(), _P.Log(), _P.Log1p(), _P.Sigmoid(), _P.Sqrt(), _P.IsInf()
     _MATMUL, _BATCH_MATMUL, _MAXIMUM = _P.MatMul(), _P.BatchMatMul(), _P.Maximum()
     _TRANSPOSE, _ADD = _P.Transpose(), _P.Add()

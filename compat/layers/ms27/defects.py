@@ -1,11 +1,12 @@
-"""Runtime shims for mindnlp 0.5.1's `mindtorch` on stable MindSpore 2.7 (the default `ms27` stack, `.venv`).
+"""The ms27 stack's runtime fixes (mindnlp 0.5.1's `mindtorch` on stable MindSpore 2.7): the rows of its table
+(compat/layers/ms27/__init__.py) that are fixed where the layer itself is patched.
 
 mindnlp's `mindtorch` is the torch module itself (`mindtorch.nn`, `mindtorch.optim`), and its `Tensor` is
 `mindspore.Tensor` with methods patched in globally. Each shim below closes one defect of that layer (or of
 what its global patches do to MindSpore), checks for the gap first and says what it did; tests/test_compat_ms27.py
-shows each defect without its shim and the fix with it, tools/ms27_defects.py each defect without compat.
+shows each defect without its shim and the fix with it, repros/ms27_defects.py each defect without compat.
 `before_import()` runs after `import mindspore` and before the layer's import, `apply(torch)` right after it
-(compat/backend.py).
+(the layer's `before_import` / `after_import`, called by compat/backend.py).
 """
 import math
 

@@ -1,11 +1,11 @@
 """Defects of mindnlp 0.5.1's `mindtorch` (the torch-API layer of the default stack, `.venv`) and of MindSpore
 2.7 itself met by compiled training steps, each reduced to a few lines of the layer on MindSpore, or of
-MindSpore alone (no project code); docs/ms27.md says what each one broke here and how compat/shims_ms27.py (or
+MindSpore alone (no project code); docs/ms27.md says what each one broke here and how compat/layers/ms27/defects.py (or
 compat itself) closes it. It imports MindSpore and mindtorch directly on purpose, unlike everything outside
 compat/: a report to the layer's or MindSpore's maintainers must show the defect without our adaptation layer
 in between.
 
-    python tools/ms27_defects.py [CASE ...]      (default: all; .venv/bin/python)
+    python repros/ms27_defects.py [CASE ...]      (default: all; .venv/bin/python)
 
 Each case prints one line: `DEFECT` with what went wrong, or `ok` where this version does it right. The two
 MindSpore-alone cases:
