@@ -139,6 +139,112 @@ def _image_size_cfg(size):
     return cfg
 
 
+def _check_arguments(engine, batch_size, weights, model):
+    if engine not in ENGINES:
+        raise UserError("unknown engine %r; use one of: %s" % (engine, ", ".join(ENGINES)))
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+        raise UserError("the batch size must be a positive integer, got %r" % (batch_size,))
+    if weights and model:
+        raise UserError("give the weights (with their config) or an exported model file, not both")
+
+
+def resolve_config(config, weights, model, opts):
+    """Step 1 of building a FeatureExtractor: (cfg, source). cfg: the config (a file, a loaded config, or
+    none for an exported file alone) with `opts` and the weights merged in; None where no config is given.
+    source: how to build the extractor again (config file, opts with the weights' absolute path, model file;
+    tools/search.py without model arguments uses an index's record). A model needs weights or a file."""
+    from reid.config import load_cfg
+    from reid.config.config import find_config_file
+    opts = list(opts or [])
+    if weights:
+        opts += ["MODEL.WEIGHTS", str(weights)]
+    cfg = None
+    if config is not None:
+        cfg = load_cfg(config, opts) if isinstance(config, (str, os.PathLike)) else config
+        if opts and not isinstance(config, (str, os.PathLike)):
+            cfg = _override(cfg, opts)
+    elif opts and not model:
+        cfg = load_cfg(None, opts)
+    source_opts = [str(v) for v in opts]
+    for i in range(0, len(source_opts) - 1, 2):
+        if source_opts[i] == "MODEL.WEIGHTS" and source_opts[i + 1]:
+            source_opts[i + 1] = os.path.abspath(source_opts[i + 1])
+    source = {"config_file": os.path.abspath(find_config_file(str(config)))
+              if isinstance(config, (str, os.PathLike)) else None,
+              "opts": source_opts, "model": os.path.abspath(str(model)) if model else None}
+    if not model and (cfg is None or not cfg.MODEL.WEIGHTS):
+        raise UserError("a feature extractor needs a model: a config file and its weights (MODEL.WEIGHTS "
+                        "path/to/model_final.pth), or an exported file (--model path/to/model.onnx)")
+    return cfg, source
+
+
+def resolve_engine(engine, model, backend):
+    """Step 2: the engine that runs what was given (an exported file `model`, else weights): `engine`, or for
+    auto the fastest for it (`default_engine`); an engine that cannot run it here is a UserError."""
+    if model:
+        from reid.deploy.export import format_of
+        fmt = format_of(str(model))
+        if engine not in ("auto", fmt):
+            raise UserError("%s is an exported %s file: it runs with engine %s (or auto), not %s" % (
+                model, fmt, fmt, engine))
+        from compat.export import check_format
+        check_format(fmt, action="run")
+        return default_engine(fmt, backend)
+    chosen = default_engine("weights", backend) if engine == "auto" else engine
+    if chosen == "compiled" and backend != "mindspore":
+        raise UserError("engine compiled is MindSpore's graph mode; on the torch backend use engine eager (or "
+                        "--backend mindspore)")
+    if chosen in ("onnx", "mindir"):
+        from compat.export import check_format
+        check_format(chosen)
+    return chosen
+
+
+def resolve_model(model, cfg, flip):
+    """Step 3: the model and its identity, (cfg, sidecar, flip, identity). Weights: the file checked and hashed
+    once; the config's feature keys hashed. An exported file: its sidecar (checked against the config, if
+    one is given; else the config is the default one at the file's input size), and the identity of the
+    weights it was exported from where the sidecar records them (the same model as those weights on any
+    engine), else of the file itself. `flip` None takes TEST.FLIP (a file without config: the sidecar's)."""
+    if not model:
+        from reid.engine.checkpointer import check_weights_file
+        weights = cfg.MODEL.WEIGHTS
+        check_weights_file(weights)
+        flip = bool(cfg.TEST.FLIP) if flip is None else bool(flip)
+        flip_cfg = cfg if bool(cfg.TEST.FLIP) == flip else _override(cfg, ["TEST.FLIP", flip])
+        identity = {"kind": "weights", "weights": os.path.abspath(weights), "weights_sha256": file_sha256(weights),
+                    "config_sha256": _text_sha256(feature_config(flip_cfg))}
+        return cfg, None, flip, identity
+    from reid.deploy.export import check_against_cfg, read_sidecar
+    path = str(model)
+    sidecar = read_sidecar(path)
+    if cfg is not None:
+        check_against_cfg(sidecar, cfg, path)
+        recorded = cfg.TEST.FLIP
+    else:
+        cfg = _image_size_cfg(sidecar["input"]["shape"][2:])
+        recorded = sidecar.get("test_flip", False)
+    flip = bool(recorded) if flip is None else bool(flip)
+    exported_from = sidecar.get("identity")
+    if exported_from:
+        identity = {"kind": "weights", "weights": sidecar["model"].get("weights"),
+                    "weights_sha256": exported_from["weights_sha256"],
+                    "config_sha256": exported_from["config_sha256"]["flip" if flip else "no flip"]}
+    else:               # exported before the sidecar recorded them: the file itself
+        identity = {"kind": "exported", "model": os.path.abspath(path), "model_sha256": file_sha256(path),
+                    "config_sha256": _text_sha256(_sidecar_config(sidecar, flip))}
+    return cfg, sidecar, flip, identity
+
+
+def with_compile_cache(cfg):
+    """cfg with MODEL.COMPILE_CACHE in the user cache where it names none (compiled graphs of an extractor go
+    there, not into OUTPUT_DIR)."""
+    from reid.runtime import user_cache_dir
+    if str(cfg.MODEL.COMPILE_CACHE).strip():
+        return cfg
+    return _override(cfg, ["MODEL.COMPILE_CACHE", os.path.join(user_cache_dir(cfg), "compile_cache")])
+
+
 class FixedBatchFiles:
     """Two exported files of one network behind ExportedModel's interface: one of a fixed batch B for the full
     batches of B images, one of batch 1 for the rest, image by image (no padding either way)."""
@@ -180,50 +286,29 @@ class FeatureExtractor:
     def __init__(self, config=None, weights=None, model=None, opts=(), engine="auto", batch_size=DEFAULT_BATCH,
                  normalize=True, flip=None, progress=False, notices=True):
         import compat
-        from reid.config import load_cfg
-        from reid.config.config import find_config_file
         from reid.data.transforms import build_transforms
-        from reid.runtime import configure_runtime, user_cache_dir
+        from reid.deploy.export import ExportedModel
+        from reid.runtime import configure_runtime
 
-        if engine not in ENGINES:
-            raise UserError("unknown engine %r; use one of: %s" % (engine, ", ".join(ENGINES)))
-        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-            raise UserError("the batch size must be a positive integer, got %r" % (batch_size,))
-        if weights and model:
-            raise UserError("give the weights (with their config) or an exported model file, not both")
-        opts = list(opts or [])
-        if weights:
-            opts += ["MODEL.WEIGHTS", str(weights)]
-        cfg = None
-        if config is not None:
-            cfg = load_cfg(config, opts) if isinstance(config, (str, os.PathLike)) else config
-            if opts and not isinstance(config, (str, os.PathLike)):
-                cfg = _override(cfg, opts)
-        elif opts and not model:
-            cfg = load_cfg(None, opts)
+        _check_arguments(engine, batch_size, weights, model)
         self.backend = compat.BACKEND
-        # how to build this extractor again (tools/search.py without model arguments uses an index's record)
-        source_opts = [str(v) for v in opts]
-        for i in range(0, len(source_opts) - 1, 2):
-            if source_opts[i] == "MODEL.WEIGHTS" and source_opts[i + 1]:
-                source_opts[i + 1] = os.path.abspath(source_opts[i + 1])
-        self.source = {"config_file": os.path.abspath(find_config_file(str(config)))
-                       if isinstance(config, (str, os.PathLike)) else None,
-                       "opts": source_opts, "model": os.path.abspath(str(model)) if model else None}
         self.batch_size = int(batch_size)
         self.normalize = bool(normalize)
         self.progress, self.notices = bool(progress), bool(notices)
         self._graph_batch = 0     # the batch size of the compiled graph built so far (engine compiled)
-        if model:
-            self._from_file(str(model), cfg, engine, flip)
-        else:
-            if cfg is None or not cfg.MODEL.WEIGHTS:
-                raise UserError("a feature extractor needs a model: a config file and its weights (MODEL.WEIGHTS "
-                                "path/to/model_final.pth), or an exported file (--model path/to/model.onnx)")
-            self._from_weights(cfg, engine, flip)
-        if not str(self.cfg.MODEL.COMPILE_CACHE).strip():   # compiled graphs in the user cache, not OUTPUT_DIR
-            self.cfg = _override(self.cfg, ["MODEL.COMPILE_CACHE", os.path.join(user_cache_dir(self.cfg),
-                                                                                "compile_cache")])
+        # the steps, in this order, each one's code in the function of its name above this class:
+        # 1. the config (and how to build this extractor again)
+        cfg, self.source = resolve_config(config, weights, model, opts)
+        # 2. the engine for what was given (an exported file or weights)
+        self.engine = resolve_engine(engine, model, self.backend)
+        # 3. the model and its identity (what index files record)
+        self.model_path = os.path.abspath(str(model)) if model else None
+        self.cfg, self.sidecar, self.flip, self.identity = resolve_model(model, cfg, flip)
+        # 4. the runner: an exported file's now; the weights' on first use (`net`: the network, or its
+        # exported files), so that describe() and the checks on it cost no model build
+        self._net = ExportedModel(str(model), self.engine) if model else None
+
+        self.cfg = with_compile_cache(self.cfg)
         configure_runtime(self.cfg)
         self.transform = build_transforms(self.cfg, is_train=False)
         self.image_size = tuple(int(v) for v in self.cfg.INPUT.SIZE_TEST)
@@ -233,24 +318,7 @@ class FeatureExtractor:
             from reid.modeling.build import feature_size
             self.feature_size = feature_size(self.cfg)
 
-    # ------------------------------------------------------------------------------------------- building
-    def _from_weights(self, cfg, engine, flip):
-        self.engine = default_engine("weights", self.backend) if engine == "auto" else engine
-        if self.engine == "compiled" and self.backend != "mindspore":
-            raise UserError("engine compiled is MindSpore's graph mode; on the torch backend use engine eager (or "
-                            "--backend mindspore)")
-        if self.engine in ("onnx", "mindir"):
-            from compat.export import check_format
-            check_format(self.engine)
-        from reid.engine.checkpointer import check_weights_file
-        weights = cfg.MODEL.WEIGHTS
-        check_weights_file(weights)    # before the identity's hash: the model itself is built on first use
-        self.cfg, self.sidecar, self.model_path = cfg, None, None
-        self.flip = bool(cfg.TEST.FLIP) if flip is None else bool(flip)
-        self.identity = {"kind": "weights", "weights": os.path.abspath(weights), "weights_sha256": file_sha256(weights),
-                         "config_sha256": _text_sha256(feature_config(self._flip_cfg(cfg)))}
-        self._net = None    # built on first use (`net`): describe() and the checks on it cost no model build
-
+    # ---------------------------------------------------------------------- step 4 for weights: the runner
     @property
     def net(self):
         """The model the engine runs (weights: built, or exported and loaded, on first use)."""
@@ -259,10 +327,10 @@ class FeatureExtractor:
         return self._net
 
     def _build_from_weights(self, cfg):
+        from reid.deploy.export import ExportedModel
         from reid.runtime import build_eval_model
         if self.engine not in ("onnx", "mindir"):
             return build_eval_model(cfg)      # checks that the weights fit the config
-        from reid.deploy.export import ExportedModel
         # torch writes one dynamic-batch file; MindSpore fixed-batch ones: one of the batch size for full batches
         # and one of batch 1 for the rest, so that neither a gallery nor a single query is padded
         batches = [None] if self.backend != "mindspore" else sorted({self.batch_size, 1}, reverse=True)
@@ -309,35 +377,6 @@ class FeatureExtractor:
     def _notice(self, text):
         if self.notices:
             print(text, file=sys.stderr, flush=True)
-
-    def _flip_cfg(self, cfg):
-        return cfg if bool(cfg.TEST.FLIP) == self.flip else _override(cfg, ["TEST.FLIP", self.flip])
-
-    def _from_file(self, path, cfg, engine, flip):
-        from reid.deploy.export import ExportedModel, check_against_cfg, format_of
-        fmt = format_of(path)
-        if engine not in ("auto", fmt):
-            raise UserError("%s is an exported %s file: it runs with engine %s (or auto), not %s" % (
-                path, fmt, fmt, engine))
-        self.engine = default_engine(fmt, self.backend)
-        self._net = ExportedModel(path, fmt)
-        self.sidecar, self.model_path = self._net.sidecar, os.path.abspath(path)
-        if cfg is not None:
-            check_against_cfg(self.sidecar, cfg, path)
-            self.cfg = cfg
-            recorded = cfg.TEST.FLIP
-        else:
-            self.cfg = _image_size_cfg(self.sidecar["input"]["shape"][2:])
-            recorded = self.sidecar.get("test_flip", False)
-        self.flip = bool(recorded) if flip is None else bool(flip)
-        exported_from = self.sidecar.get("identity")
-        if exported_from:   # the weights it was exported from: the same model as those weights on any engine
-            self.identity = {"kind": "weights", "weights": self.sidecar["model"].get("weights"),
-                             "weights_sha256": exported_from["weights_sha256"],
-                             "config_sha256": exported_from["config_sha256"]["flip" if self.flip else "no flip"]}
-        else:               # exported before the sidecar recorded them: the file itself
-            self.identity = {"kind": "exported", "model": self.model_path, "model_sha256": file_sha256(path),
-                             "config_sha256": _text_sha256(_sidecar_config(self.sidecar, self.flip))}
 
     def describe(self):
         """What made the features, for an index file: identity (hashes), engine, feature size, sidecar."""
