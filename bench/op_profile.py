@@ -2,7 +2,7 @@
 for reference): op-by-op basic steps (MODEL.JIT False) of the demo network through the real Trainer, each stack
 in a fresh process of its environment, one after the other.
 
-    python bench/op_profile.py [--stacks msadapter,mindtorch] [--steps 4] [--top 12]
+    python bench/op_profile.py [--stacks msadapter,ms27] [--steps 4] [--top 12]
 
 Per stack: the seconds per step without a profiler (median of --steps), then the same steps under cProfile, each
 function's own time given to the layer its file belongs to:
@@ -174,7 +174,8 @@ def profile_compiled(overrides, root, steps):
     compat.jit.set_helper_thread(cfg.MODEL.JIT_HELPER_THREAD)
     trainer = Trainer(cfg, quiet=True)
     trainer.iter = 1
-    warm_up(trainer)
+    if compat.BACKEND != "torch":  # every graph built before the profiler starts (torch builds none)
+        warm_up(trainer)
     calls = {"basic": trainer.basic_step, "meta": trainer.meta_step}
     result = {"layer": layer_name(), "backend": compat.BACKEND}
     if compat.BACKEND == "torch":
@@ -257,7 +258,7 @@ def main():
                             "kernel (MindSpore's profiler, torch.profiler) instead of op-by-op steps by layer")
     args = size_args(__doc__, SIZES, default="demo", extra=extra)
     from reid.data.synthetic import ensure_synthetic
-    variants = stack_variants(args.stacks or "msadapter,mindtorch")
+    variants = stack_variants(args.stacks or "msadapter,ms27")
     with tempfile.TemporaryDirectory(prefix="bench-op-profile-") as root:
         ensure_synthetic(os.path.join(root, "synthetic"), seed=0, num_ids=80, domains=["SynthA", "SynthB", "SynthC"],
                          progress=False)
