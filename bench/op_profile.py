@@ -24,10 +24,22 @@ overhead (~1 us per Python call) inflates the Python layers; the plain seconds a
 
 Per op: the torch-API functions that reid/ and compat/ call (the layer boundary), with calls per step and
 milliseconds per step including everything below them (dispatch and kernels), the --top of each stack.
+
+--compiled profiles compiled steps (MODEL.JIT True, the default) by kernel instead: after the warm-up of
+bench/train_step.py (every graph built), --steps basic steps and --steps meta steps per stack under its own
+profiler (MindSpore's Profiler, whose CPU op timing records every kernel a graph launches with its scope:
+`Gradients/...` is the backward; torch.profiler for torch), and prints per step kind the wall seconds per step,
+the kernels' own time per step, and per op type: calls per step, milliseconds per step in the forward and the
+backward, and its share of the kernels' time, the --top types of each stack side by side (torch's aten ops
+are other names: its top list follows). Kernels on MindSpore's side-by-side threads overlap, so the kernel
+sum can exceed the wall time.
+
+    python bench/op_profile.py --compiled --sizes full --stacks msadapter,ms27 [--steps 1] [--top 25]
 """
 import cProfile
 import os
 import pstats
+import re
 import sys
 import tempfile
 import time
@@ -103,10 +115,147 @@ def measure(overrides, root, steps):
             "layer": layer_name(), "backend": compat.BACKEND}
 
 
+
+def _ms_kernels(folder):
+    """[(full op name, op type, start ns, milliseconds)] from MindSpore's raw CPU op timing under `folder`
+    (`cpu_op_execute_timestamp_*.txt`: one line per op, `name;type;start_ns,ms,thread start_ns,ms,thread ...`)."""
+    import glob
+    rows = []
+    for path in glob.glob(os.path.join(folder, "**", "cpu_op_execute_timestamp_*.txt"), recursive=True):
+        with open(path) as fh:
+            for line in fh:
+                parts = line.strip().split(";")
+                if len(parts) < 3:
+                    continue
+                kind = re.sub(r"-op\d+$", "", parts[0].rsplit("/", 1)[-1])  # MindSpore 2.7's type is HostCpuOps
+                for entry in parts[2].split():
+                    start, ms = entry.split(",")[:2]
+                    rows.append((parts[0], kind, int(start), float(ms)))
+    return rows
+
+
+def _op_table(kernels, steps):
+    """{op type: [calls, forward ms, backward ms]} per step from (type, is backward, ms) triples."""
+    table = {}
+    for kind, backward, ms in kernels:
+        row = table.setdefault(kind, [0.0, 0.0, 0.0])
+        row[0] += 1.0 / steps
+        row[2 if backward else 1] += ms / steps
+    return table
+
+
+def _torch_kernels(prof):
+    """(aten op, in the backward, own ms) for each leaf-most op event of a torch.profiler run: an op's own time
+    (its children's subtracted), the backward being whatever runs under autograd's engine."""
+    out = []
+    for event in prof.events():
+        if not event.name.startswith("aten::") and not event.name.startswith("mkldnn"):
+            continue
+        parent, backward = event.cpu_parent, False
+        while parent is not None:
+            if parent.name.startswith("autograd::engine::evaluate_function"):
+                backward = True
+                break
+            parent = parent.cpu_parent
+        out.append((event.name, backward, event.self_cpu_time_total / 1000.0))
+    return out
+
+
+def profile_compiled(overrides, root, steps):
+    """Compiled basic and meta steps under the backend's profiler after bench/train_step.py's warm-up: per step
+    kind, wall seconds per step, kernel ms per step and the per-op-type table (_op_table)."""
+    import compat
+    from bench.train_step import warm_up
+    from reid.config import load_cfg
+    from reid.engine.trainer import Trainer
+    cfg = load_cfg(os.path.join(ROOT, "configs", "synthetic", "acl.yml"),
+                   COMMON + overrides + ["DATASETS.ROOT", root, "OUTPUT_DIR", os.path.join(root, "out"),
+                                         "MODEL.JIT", "True", "MODEL.JIT_SHARED_GRAPH", "True"])
+    compat.jit.set_helper_thread(cfg.MODEL.JIT_HELPER_THREAD)
+    trainer = Trainer(cfg, quiet=True)
+    trainer.iter = 1
+    if compat.BACKEND != "torch":  # every graph built before the profiler starts (torch builds none)
+        warm_up(trainer)
+    calls = {"basic": trainer.basic_step, "meta": trainer.meta_step}
+    result = {"layer": layer_name(), "backend": compat.BACKEND}
+    if compat.BACKEND == "torch":
+        import torch
+        for kind, call in calls.items():
+            call()
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                start = time.perf_counter()
+                for _ in range(steps):
+                    call()
+                wall = (time.perf_counter() - start) / steps
+            kernels = _torch_kernels(prof)
+            result[kind] = {"wall_s": wall, "kernel_ms": sum(k[2] for k in kernels) / steps,
+                            "ops": _op_table(kernels, steps)}
+        return result
+    # one profiler per process (MindSpore keeps its state): both step kinds in it, told apart by the kernels'
+    # start times
+    from mindspore import Profiler
+    folder = tempfile.mkdtemp(prefix="ms-prof-", dir=root)
+    prof = Profiler(output_path=folder, start_profile=False)
+    windows = {}
+    for kind, call in calls.items():
+        call()
+        if not windows:
+            prof.start()
+        begin = time.time_ns()
+        start = time.perf_counter()
+        for _ in range(steps):
+            call()
+        windows[kind] = (begin, time.time_ns(), (time.perf_counter() - start) / steps)
+    prof.stop()
+    if not _ms_kernels(folder):  # MindSpore 2.0 writes its raw timing in analyse()
+        prof.analyse()
+    rows = _ms_kernels(folder)
+    for kind, (begin, end, wall) in windows.items():
+        kernels = [(kind_, name.startswith("Gradients/"), ms) for name, kind_, t, ms in rows if begin <= t <= end]
+        result[kind] = {"wall_s": wall, "kernel_ms": sum(k[2] for k in kernels) / steps,
+                        "ops": _op_table(kernels, steps)}
+    return result
+
+
+def _print_compiled(size, got, top):
+    labels = list(got)
+    print("%s compiled steps by kernel: %s" % (size, "; ".join("%s = %s" % (k, got[k]["layer"]) for k in labels)))
+    for kind in ("basic", "meta"):
+        print("  %s step: wall s per step %s; kernels' own ms per step %s" % (
+            kind, ", ".join("%s %.2f" % (k, got[k][kind]["wall_s"]) for k in labels),
+            ", ".join("%s %.0f" % (k, got[k][kind]["kernel_ms"]) for k in labels)))
+        ms_labels = [k for k in labels if got[k]["backend"] == "mindspore"]
+        types = {}
+        for k in ms_labels:
+            for name, (_, fwd, bwd) in got[k][kind]["ops"].items():
+                types[name] = max(types.get(name, 0.0), fwd + bwd)
+        ranked = sorted(types, key=lambda n: -types[n])[:top]
+        head = "".join("%38s" % ("%s: calls fwd/bwd ms (share)" % k)[-38:] for k in ms_labels)
+        print("    %-28s%s" % ("op type", head))
+        for name in ranked:
+            cells = ""
+            for k in ms_labels:
+                calls, fwd, bwd = got[k][kind]["ops"].get(name, (0.0, 0.0, 0.0))
+                share = 100.0 * (fwd + bwd) / max(got[k][kind]["kernel_ms"], 1e-9)
+                cells += "%38s" % ("%4.0f %7.1f /%7.1f (%4.1f%%)" % (calls, fwd, bwd, share))
+            print("    %-28s%s" % (name[:28], cells))
+        for k in labels:
+            if got[k]["backend"] != "torch":
+                continue
+            ops = got[k][kind]["ops"]
+            print("    %s: top aten ops, calls fwd/bwd own ms (share)" % k)
+            for name in sorted(ops, key=lambda n: -(ops[n][1] + ops[n][2]))[:top]:
+                calls, fwd, bwd = ops[name]
+                print("    %-38s %4.0f %7.1f /%7.1f (%4.1f%%)" % (
+                    name[:38], calls, fwd, bwd, 100.0 * (fwd + bwd) / max(got[k][kind]["kernel_ms"], 1e-9)))
+    sys.stdout.flush()
+
 def main():
     def extra(parser):
         parser.add_argument("--steps", type=int, default=4, help="basic steps timed, then profiled (default 4)")
         parser.add_argument("--top", type=int, default=12, help="ops listed per stack (default 12)")
+        parser.add_argument("--compiled", action="store_true", help="profile compiled basic and meta steps by "
+                            "kernel (MindSpore's profiler, torch.profiler) instead of op-by-op steps by layer")
     args = size_args(__doc__, SIZES, default="demo", extra=extra)
     from reid.data.synthetic import ensure_synthetic
     variants = stack_variants(args.stacks or "ms27,msadapter")
@@ -114,6 +263,12 @@ def main():
         ensure_synthetic(os.path.join(root, "synthetic"), seed=0, num_ids=80, domains=["SynthA", "SynthB", "SynthC"],
                          progress=False)
         for size in args.sizes.split(","):
+            if args.compiled:
+                _print_compiled(size, {label: run_isolated(v[0], "bench.op_profile:profile_compiled",
+                                                           {"overrides": SIZES[size], "root": root,
+                                                            "steps": args.steps}, python=v[2])
+                                       for label, v in variants.items()}, args.top)
+                continue
             got = {label: run_isolated(v[0], "bench.op_profile:measure",
                                        {"overrides": SIZES[size], "root": root, "steps": args.steps}, python=v[2])
                    for label, v in variants.items()}

@@ -28,7 +28,9 @@ steps only: the Baseline has no meta steps), to tell what ACL's CODE blocks add 
 --gpu adds torch on a CUDA GPU (label torch-gpu; its ratio is against torch on this machine's CPU). On a machine
 without MindSpore, e.g. `REID_BACKEND=torch python bench/train_step.py --gpu --variants torch,torch-gpu`.
 
-Each compiled graph's build line is printed (compat.jit: seconds, resident memory it added and what was
+For each compiled MindSpore variant a ratios line gives its basic and meta steps against torch eager and
+against MSAdapter's compiled steps (`msadapter-compiled`, when it ran), and its peak resident memory against
+torch's. Each compiled graph's build line is printed (compat.jit: seconds, resident memory it added and what was
 left after releasing the build's leftovers, and the process's new peak where the build or first call set
 one). Besides each variant's peak resident memory (the whole run's, graph builds included), the peak after
 its first basic step is printed (compiled: after building one graph, the basic step's), the resident memory
@@ -151,6 +153,26 @@ def _options(parser):
                         "this (default 16; 0: no watchdog); it is reported as 'exceeds N GB'")
 
 
+LEGACY_COMPILED = "msadapter-compiled"   # the reference of the compiled steps' other ratio
+
+
+def _print_ratios(size, got, steps):
+    """One line per compiled MindSpore variant: each step's time against torch eager and against MSAdapter's
+    compiled step (when both ran), and the whole run's peak resident memory against torch's."""
+    legacy = got.get(LEGACY_COMPILED)
+    for label in got:
+        if not label.endswith("-compiled"):
+            continue
+        parts = []
+        for step in steps:
+            part = "%s %.2fx torch" % (step, got[label][step] / got["torch"][step])
+            if legacy is not None and label != LEGACY_COMPILED:
+                part += ", %.2fx %s" % (got[label][step] / legacy[step], LEGACY_COMPILED)
+            parts.append(part)
+        parts.append("peak RSS %.2fx torch" % (got[label]["peak_rss_mb"] / got["torch"]["peak_rss_mb"]))
+        print("%-7s ratios %s: %s" % (size, label, "; ".join(parts)), flush=True)
+
+
 def main():
     args = size_args(__doc__, SIZES, default="demo,full-b8", extra=_options)
     from reid.data.synthetic import ensure_synthetic
@@ -207,6 +229,7 @@ def main():
                 "%s %7.0f MB (%5.2fx)" % (label, got[label]["peak_rss_mb"],
                                           got[label]["peak_rss_mb"] / tr["peak_rss_mb"])
                 for label in timed), tr["peak_rss_mb"]), flush=True)
+            _print_ratios(size, got, ("basic",) if basic_only else ("basic", "meta"))
             print("%-7s peak RSS after the first basic step   %s   torch %7.0f MB" % (size, "   ".join(
                 "%s %7.0f MB" % (label, got[label]["peak_rss_basic_mb"]) for label in timed),
                 tr["peak_rss_basic_mb"]), flush=True)

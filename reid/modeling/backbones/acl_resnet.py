@@ -97,11 +97,14 @@ class ExpertBottleneck(nn.Module):
 
 
 def mix_experts(experts, weights):
-    """F_D = Σ_k w_k expert_k: experts (N, K, C, H, W) weighted by the router's (N, K) and summed over K. The
-    weights are broadcast explicitly (`expand_as`): MindSpore's implicitly broadcasting kernels keep memory of
-    their own in every compiled graph (docs/performance.md)."""
-    n, k = weights.shape[0], weights.shape[1]
-    return (experts * weights.reshape(n, k, 1, 1, 1).expand_as(experts)).sum(1)
+    """F_D = Σ_k w_k expert_k: experts (N, K, C, H, W) weighted by the router's (N, K) and summed over K, as one
+    batched matrix product per sample, (1, K) @ (K, C·H·W). The product with the weights broadcast and a sum over
+    K computes the same and costs several times more on MindSpore's CPU kernels: a broadcast of the weights, a
+    full-size product, a reduction over a middle axis, and in the backward a full-size reduction per broadcast
+    (bench/op_profile.py --compiled)."""
+    n, k, c, h, w = experts.shape
+    mixed = torch.bmm(weights.reshape(n, 1, k), experts.reshape(n, k, c * h * w))
+    return mixed.reshape(n, c, h, w)
 
 
 class CODEBlock(nn.Module):
