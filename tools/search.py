@@ -25,7 +25,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from reid.deploy.commands import add_model_args, at_least, build_extractor, gives_model, parse, plural  # noqa: E402
+from reid.deploy.commands import add_index_args, add_model_args, at_least, build_extractor, gives_model, parse, plural  # noqa: E402
 from reid.deploy.results import fit, output_paths, resolve_vis, runs, vis_choice  # noqa: E402
 from reid.deploy.search import FILTERS, METHODS  # noqa: E402
 
@@ -34,10 +34,7 @@ TABLE_ROWS = 10
 
 def build_parser():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--index", default=None, metavar="FILE", help="a gallery index written by tools/index.py")
-    p.add_argument("--store", default="npz", metavar="STORE",
-                   help="npz (default: the --index file), or the Milvus store tools/index.py --store wrote: "
-                        "milvus:PATH.db or milvus://HOST:PORT[/COLLECTION]")
+    add_index_args(p)
     p.add_argument("--query", required=True, nargs="+", metavar="IMAGE|DIR", help="query images or folders")
     p.add_argument("--topk", type=int, default=10, metavar="K", help="matches per query (default 10)")
     p.add_argument("--output", required=True, metavar="FILE.json",

@@ -21,15 +21,12 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from reid.deploy.commands import add_model_args, at_least, build_extractor, parse  # noqa: E402
+from reid.deploy.commands import add_index_args, add_model_args, at_least, build_extractor, parse  # noqa: E402
 
 
 def build_parser():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--index", default=None, metavar="FILE", help="a gallery index written by tools/index.py")
-    p.add_argument("--store", default="npz", metavar="STORE",
-                   help="npz (default: the --index file), or the Milvus store tools/index.py --store wrote: "
-                        "milvus:PATH.db or milvus://HOST:PORT[/COLLECTION]")
+    add_index_args(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: a free one, printed)")
     p.add_argument("--token", default=None,

@@ -7,6 +7,14 @@ from compat.errors import UserError
 from reid.deploy.extractor import ENGINES
 
 
+def add_index_args(parser):
+    """--index / --store: the gallery index a command reads (tools/search.py, tools/serve.py)."""
+    parser.add_argument("--index", default=None, metavar="FILE", help="a gallery index written by tools/index.py")
+    parser.add_argument("--store", default="npz", metavar="STORE",
+                        help="npz (default: the --index file), or the Milvus store tools/index.py --store wrote: "
+                             "milvus:PATH.db or milvus://HOST:PORT[/COLLECTION]")
+
+
 def add_model_args(parser, what):
     group = parser.add_argument_group("model: a config and its weights (KEY VALUE: MODEL.WEIGHTS path), or an "
                                       "exported file; %s" % what)
