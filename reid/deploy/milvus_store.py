@@ -68,7 +68,6 @@ LITE_START_TRIES = 3
 LITE_START_PAUSE_S = 1.0
 LOCKED = "it is open in another process (Milvus Lite allows one at a time); wait for it or stop it"
 SQLITE_HEADER = b"SQLite format 3\x00"   # the first bytes of a Milvus Lite 2.5 file
-PROTOBUF_VARIABLE = "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION"
 PIP = "pip install -r requirements.txt (or requirements-torch.txt): pymilvus and milvus-lite"
 
 
@@ -448,10 +447,8 @@ class MilvusGallery:
     def upsert(self, paths, features, pids, camids, sizes, mtimes, progress=None, new=False):
         """Insert or replace the rows of `paths`, in batches (UPSERT_BYTES); `new`: rows of paths the
         collection does not hold (inserted: Milvus does not look for the rows they replace)."""
-        step = _write_rows(self.spec, features)
         write = self.client.insert if new else self.client.upsert
-        for start in range(0, len(paths), step):
-            stop = min(start + step, len(paths))
+        for start, stop in _write_calls(self.spec, features):
             batch = [{"path": paths[i], "vector": np.asarray(features[i], np.float32), "pid": int(pids[i]),
                       "camid": int(camids[i]), "size": int(sizes[i]), "mtime": int(mtimes[i])}
                      for i in range(start, stop)]
@@ -535,10 +532,12 @@ class MilvusGallery:
         return (100.0 * hits / counted if counted else float("nan")), counted
 
 
-def _write_rows(spec, features):
-    """Rows per write call of (N, D) `features` into the store `spec` (UPSERT_BYTES, LARGER_WRITES)."""
+def _write_calls(spec, features):
+    """(start, stop) of each write call of (N, D) `features` into the store `spec`: as many rows a call as
+    UPSERT_BYTES (times LARGER_WRITES beyond Milvus Lite 2.5) hold."""
     budget = UPSERT_BYTES * (1 if spec.lite and (lite_version() or "").startswith("2.") else LARGER_WRITES)
-    return max(1, budget // max(1, 4 * int(features.shape[1]) if len(features) else 1))
+    step = max(1, budget // max(1, 4 * int(features.shape[1]) if len(features) else 1))
+    return [(start, min(start + step, len(features))) for start in range(0, len(features), step)]
 
 
 class GalleryProcess:
@@ -599,9 +598,7 @@ class GalleryProcess:
 
     def upsert(self, paths, features, pids, camids, sizes, mtimes, progress=None, new=False):
         """MilvusGallery.upsert, sent to the child one write call at a time (so `progress` is called here)."""
-        step = _write_rows(self.spec, features)
-        for start in range(0, len(paths), step):
-            stop = min(start + step, len(paths))
+        for start, stop in _write_calls(self.spec, features):
             self._call("method", "upsert", list(paths[start:stop]), np.asarray(features[start:stop], np.float32),
                        *(np.asarray(a[start:stop], np.int64) for a in (pids, camids, sizes, mtimes)), new=new)
             if progress is not None:
@@ -637,7 +634,7 @@ def child_environment():
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [package_root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-    from compat.backend import protobuf_implementation_before_mindspore
+    from compat.backend import PROTOBUF_VARIABLE, protobuf_implementation_before_mindspore
     known, value = protobuf_implementation_before_mindspore()
     if known:
         env.pop(PROTOBUF_VARIABLE, None)

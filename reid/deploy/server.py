@@ -804,7 +804,7 @@ def run_server(settings, extractor_factory, host="127.0.0.1", port=8000, log_lev
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    # the connections accepted inherit it: without, a keep-alive client waits out its delayed ACK (~40 ms) on
+    # the connections accepted inherit it: without, a keep-alive client waits out its delayed-ACK timer on
     # every answer written in two parts (headers, body)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
