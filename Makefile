@@ -69,8 +69,9 @@ demo: $(STACK_SETUP_$(STACK))
 # `make test-msadapter` runs its whole suite.
 # A missing environment fails the parity tests (tests/crossenv.py); the opt-out to skip them instead,
 # REID_ALLOW_MISSING_BACKEND=1, is cleared here so that `make test` never passes without its references.
-# Besides, the tests with something to test only on the legacy stack, which the default stack skips: the helper thread and the
-# export-name guard of MindSpore 2.0's graphs, and Milvus Lite 2.5 (Python 3.9's; the other environments have 3)
+# Besides, the tests with something to test only on the legacy stack: the helper thread's run of MindSpore 2.0's built
+# graphs (compat.jit._run_built; the default stack runs the same test on its own path) and the export-name guard of
+# MindSpore 2.0's graphs, which the default stack skips, and Milvus Lite 2.5 (Python 3.9's; the other environments have 3)
 MSADAPTER_ONLY_TESTS := tests/test_compiled.py::test_built_graphs_run_on_the_low_priority_helper_thread \
 	tests/test_compiled.py::test_graph_builds_refuse_a_switched_off_fallback_and_export_names \
 	tests/test_retrieval_milvus.py::test_hnsw_on_milvus_lite_2_5_is_one_line \

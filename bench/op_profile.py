@@ -37,6 +37,7 @@ sum can exceed the wall time.
     python bench/op_profile.py --compiled --sizes full --stacks msadapter,ms27 [--steps 1] [--top 25]
 """
 import cProfile
+import json
 import os
 import pstats
 import re
@@ -144,6 +145,17 @@ def _op_table(kernels, steps):
     return table
 
 
+def _scope_table(kernels, steps, top=200):
+    """{kernel name without its op number: [calls, ms]} per step from (full name, type, ms) triples, the `top`
+    costliest: where in the network (the graph's scope) the time of each op type goes."""
+    table = {}
+    for name, _, ms in kernels:
+        row = table.setdefault(re.sub(r"-op\d+", "", name), [0.0, 0.0])
+        row[0] += 1.0 / steps
+        row[1] += ms / steps
+    return dict(sorted(table.items(), key=lambda kv: -kv[1][1])[:top])
+
+
 def _torch_kernels(prof):
     """(aten op, in the backward, own ms) for each leaf-most op event of a torch.profiler run: an op's own time
     (its children's subtracted), the backward being whatever runs under autograd's engine."""
@@ -206,14 +218,21 @@ def profile_compiled(overrides, root, steps):
         for _ in range(steps):
             call()
         windows[kind] = (begin, time.time_ns(), (time.perf_counter() - start) / steps)
+    if getattr(prof, "_md_profiler", True) is None:  # MindSpore 2.0 on CPU: stop() would stop a dataset profiler never made
+        prof._data_process = False
     prof.stop()
     if not _ms_kernels(folder):  # MindSpore 2.0 writes its raw timing in analyse()
+        import mindspore
+        mode = mindspore.get_context("mode")
+        mindspore.set_context(mode=mindspore.GRAPH_MODE)  # its CPU analysis refuses PyNative mode (the graphs ran as jit)
         prof.analyse()
+        mindspore.set_context(mode=mode)
     rows = _ms_kernels(folder)
     for kind, (begin, end, wall) in windows.items():
-        kernels = [(kind_, name.startswith("Gradients/"), ms) for name, kind_, t, ms in rows if begin <= t <= end]
+        inside = [(name, kind_, ms) for name, kind_, t, ms in rows if begin <= t <= end]
+        kernels = [(kind_, name.startswith("Gradients/"), ms) for name, kind_, ms in inside]
         result[kind] = {"wall_s": wall, "kernel_ms": sum(k[2] for k in kernels) / steps,
-                        "ops": _op_table(kernels, steps)}
+                        "ops": _op_table(kernels, steps), "scopes": _scope_table(inside, steps)}
     return result
 
 
@@ -256,6 +275,8 @@ def main():
         parser.add_argument("--top", type=int, default=12, help="ops listed per stack (default 12)")
         parser.add_argument("--compiled", action="store_true", help="profile compiled basic and meta steps by "
                             "kernel (MindSpore's profiler, torch.profiler) instead of op-by-op steps by layer")
+        parser.add_argument("--json", default="", help="with --compiled: also write each stack's tables to this "
+                            "JSON file as they arrive")
     args = size_args(__doc__, SIZES, default="demo", extra=extra)
     from reid.data.synthetic import ensure_synthetic
     variants = stack_variants(args.stacks or "ms27,msadapter")
@@ -264,10 +285,18 @@ def main():
                          progress=False)
         for size in args.sizes.split(","):
             if args.compiled:
-                _print_compiled(size, {label: run_isolated(v[0], "bench.op_profile:profile_compiled",
-                                                           {"overrides": SIZES[size], "root": root,
-                                                            "steps": args.steps}, python=v[2])
-                                       for label, v in variants.items()}, args.top)
+                got = {}
+                for label, v in variants.items():
+                    try:
+                        got[label] = run_isolated(v[0], "bench.op_profile:profile_compiled",
+                                                  {"overrides": SIZES[size], "root": root, "steps": args.steps},
+                                                  python=v[2])
+                    except RuntimeError as exc:  # one stack's profiler failing leaves the others' tables
+                        print("%s: %s" % (label, str(exc).splitlines()[-1]), file=sys.stderr)
+                    if args.json:
+                        with open(args.json, "w") as f:
+                            json.dump({"size": size, "results": got}, f)
+                _print_compiled(size, got, args.top)
                 continue
             got = {label: run_isolated(v[0], "bench.op_profile:measure",
                                        {"overrides": SIZES[size], "root": root, "steps": args.steps}, python=v[2])

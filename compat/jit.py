@@ -79,11 +79,12 @@ The CPU kernel pool is sized to the machine's cores when compat is imported (`se
 default is 30 threads whatever the machine), overridable with REID_NUM_THREADS or MODEL.NUM_THREADS.
 
 Built graphs run on a helper thread at the lowest CPU priority (`set_helper_thread`, MODEL.JIT_HELPER_THREAD),
-the calling thread asleep until the outputs are there: MindSpore 2.0's runtime spin-waits (sched_yield) in the
-thread that runs a graph for as long as the graph runs, and on a machine with few cores that thread takes CPU
-from the graph's own kernel threads (docs/performance.md#helper-thread). At nice 19 the spinning gets only
-what the kernel threads leave; the calling thread's own priority, which op-by-op work and data loading run at,
-is untouched. The first call, which builds the graph, stays on the calling thread.
+the calling thread asleep until the outputs are there: MindSpore's runtime spin-waits in the thread that waits
+for a graph for as long as the graph runs (MindSpore 2.0: the thread that runs it, with sched_yield; 2.7: the
+thread that next waits for its asynchronous queue, at full speed), and on a machine with few cores that thread
+takes CPU from the graph's own kernel threads (docs/performance.md#helper-thread). At nice 19 the spinning gets
+only what the kernel threads leave; the calling thread's own priority, which op-by-op work and data loading run
+at, is untouched. The first call, which builds the graph, stays on the calling thread.
 """
 import contextlib
 import functools
@@ -515,6 +516,17 @@ def _run_built(phase, args):
 HELPER_NICE = 19
 
 
+def _run_and_wait(jitted, args):
+    """`mindspore.jit`'s own call of a built graph, then a wait until its kernels are done, both on the thread
+    that calls this (the helper). After MindSpore 2.0 the call only queues the graph and returns; whichever
+    thread next waits for the queue (`AsyncRQueue::Wait`) spins at full speed until it is empty, so the wait
+    belongs on the helper at nice 19, not in the caller's next read of an output."""
+    from mindspore.common import api
+    out = jitted(*args)
+    api._pynative_executor.sync()
+    return out
+
+
 class _HelperThread:
     """One daemon thread at nice HELPER_NICE that runs the calls given to `call`, one at a time, while the
     caller sleeps on an event; the call's exception is raised again in the caller."""
@@ -653,7 +665,8 @@ class _Timed:
     and logs how long that took, the resident memory it left and the process's new peak if it set one. On
     MindSpore 2.0 the build's leftovers are released after that first call (`_release_build_memory`; not
     before it: MindSpore compiles the graph's kernels on its first run, which needs them) and every later
-    call runs the built graph directly (`_run_built`)."""
+    call runs the built graph directly (`_run_built`); after 2.0 later calls go through `mindspore.jit`'s own
+    call (`_run_and_wait`). Either runs on the helper thread unless `set_helper_thread(False)`."""
 
     def __init__(self, jitted, name, owner=None, key=None, grad=False):
         self.jitted, self.name, self.owner, self.key, self.grad = jitted, name, owner, key, grad
@@ -675,6 +688,8 @@ class _Timed:
                 return self.others[signature](*args)
             if self.phase is not None:
                 return _run_built(self.phase, args)
+            if _state["helper_thread"]:
+                return _helper().call(_run_and_wait, self.jitted, args)
             return self.jitted(*args)
         self.signature = _signature(args)
         from mindspore.common.api import ms_compile_cache
