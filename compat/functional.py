@@ -112,6 +112,25 @@ def _eager_where(condition, x, y):
     return _c.torch.where(condition, x, y)
 
 
+def broadcast_rows(x, rows):
+    """x (N, 1, M) broadcast to (N, rows, M), the values of `x.expand(N, rows, M)`. On MindSpore it is a batched
+    matrix product with a column of ones, exact in the forward, whose gradient (the sum over the rows) is a
+    matrix product too: BroadcastTo's gradient is a sum over a middle axis, which MindSpore's CPU kernels take
+    several times longer for (bench/reductions.py). torch expands a view."""
+    n, m = x.shape[0], x.shape[2]
+    if not _c.IS_MINDSPORE:
+        return x.expand(n, rows, m)
+    if in_graph():
+        ones = _c.torch.cast_to_adapter_tensor(_FILL(_mstype.float32, _ones_column_c(n, rows), 1.0))
+    else:
+        ones = _c.torch.ones(n, rows, 1)
+    return _c.torch.bmm(ones, x)
+
+
+def _ones_column(n, rows):
+    return (int(n), int(rows), 1)
+
+
 _LP_NORM_IN_GRAPHS = _EXPORT_CLAMP_AS_MAXIMUM = False  # the active layer's (compat/layers/), read in graphs
 if _c.IS_MINDSPORE:
     _LP_NORM_IN_GRAPHS, _EXPORT_CLAMP_AS_MAXIMUM = _c.layer.LP_NORM_IN_GRAPHS, _c.layer.EXPORT_CLAMP_AS_MAXIMUM
@@ -119,5 +138,8 @@ if _c.IS_MINDSPORE:
     from mindspore.ops import operations as _ms_P
     from mindspore.ops._primitive_cache import _get_cache_prim as _prim_cache
     _SUM_KEEPDIM = _ms_ops.ReduceSum(keep_dims=True)
+    _FILL = _ms_P.Fill()
+    from mindspore.common import dtype as _mstype
+    _ones_column_c = _ms_ops.constexpr(_ones_column, check=False)
     _lp_norm_c = _ms_ops.constexpr(_lp_norm, check=False)
     _positive_integral_c = _ms_ops.constexpr(_positive_integral, check=False)

@@ -576,3 +576,48 @@ def test_depth_errors():
     cfg.MODEL.BACKBONE.DEPTH, cfg.MODEL.BACKBONE.PRETRAIN = "26x", True
     with pytest.raises(UserError, match="loads ResNet-50 weights but MODEL.BACKBONE.DEPTH is '26x'"):
         M.build_model(cfg)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["op-by-op", "compiled"])
+def test_feature_map_forms_give_the_plain_values_and_gradients(compiled):
+    """spatial_mean, scale_channels (reid/modeling/layers.py) and compat.broadcast_rows, the forms the CODE blocks
+    and poolings write their means and broadcasts in, against numpy's mean over (2, 3), the broadcast product and
+    the broadcast sum: values, and the gradients of a weighted sum with respect to every input (the sums over
+    the broadcast axes), op by op and compiled (MindSpore only)."""
+    from reid.modeling.layers import scale_channels, spatial_mean
+    if compiled and not compat.IS_MINDSPORE:
+        pytest.skip("compiled execution exists on MindSpore only")
+    rng = np.random.RandomState(5)
+    x, s = rng.randn(3, 4, 5, 2), rng.randn(3, 4)
+    rows, k = rng.randn(3, 1, 6), 4
+    w_mean, w_scale, w_rows = rng.randn(3, 4), rng.randn(3, 4, 5, 2), rng.randn(3, k, 6)
+    holder = compat.nn.Module()
+    params = [compat.nn.Parameter(t(a)) for a in (x, s, rows)]
+    for i, p in enumerate(params):
+        setattr(holder, "p%d_%s" % (i, compiled), p)
+    weights = [t(a) for a in (w_mean, w_scale, w_rows)]
+
+    def outputs(xp, sp, rp):
+        return spatial_mean(xp), scale_channels(xp, sp), compat.broadcast_rows(rp, k)
+
+    def loss_fn():
+        mean, scaled, broad = outputs(*params)
+        return (mean * weights[0]).sum() + (scaled * weights[1]).sum() + (broad * weights[2]).sum()
+    if compiled:
+        def loss_and_aux():
+            loss = loss_fn()
+            return loss, {"loss": loss}
+        compat.jit.prepare(holder)
+        got = [n(o) for o in compat.jit.compiled(outputs, "test_map_forms")(*params)]
+        _, _, grads = compat.jit.value_and_grad(loss_and_aux, params, "test_map_forms_grad")()
+    else:
+        got = [n(o) for o in outputs(*params)]
+        _, _, grads = compat.value_and_grad(loss_fn, params)()
+    np.testing.assert_allclose(got[0], x.mean((2, 3)), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got[1], x * s[:, :, None, None], rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(got[2], np.broadcast_to(rows, (3, k, 6)).astype(np.float32))
+    want = (w_mean[:, :, None, None] / 10.0 + w_scale * s[:, :, None, None],   # d/dx: mean's and product's
+            (w_scale * x).sum((2, 3)),                                          # d/ds: over H, W
+            w_rows.sum(1, keepdims=True))                                       # d/drows: over the k rows
+    for name, g, w in zip(("x", "s", "rows"), grads, want):
+        np.testing.assert_allclose(n(g), w, rtol=1e-5, atol=1e-5, err_msg=name)

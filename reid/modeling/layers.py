@@ -156,6 +156,25 @@ class MetaIBN(nn.Module):
         return compat.torch.cat((self.IN(x[:, :self.half]), self.BN(x[:, self.half:])), 1)
 
 
+def spatial_mean(x):
+    """x (N, C, H, W) averaged over H and W -> (N, C), as the mean over the last axis of the (N*C, H*W) view:
+    the values of `x.mean((2, 3))`. MindSpore's CPU kernels reduce over (and, in the backward, broadcast back
+    along) the last axis of a matrix several times faster than over two axes of a 4-D tensor
+    (bench/reductions.py); torch reduces both alike."""
+    n, c, h, w = x.shape
+    return x.reshape(n * c, h * w).mean(1).reshape(n, c)
+
+
+def scale_channels(x, s):
+    """x (N, C, H, W) times s (N, C), one factor per sample and channel, written on the (N*C, H*W) view: the
+    gradient of s is then a sum over the last axis of a matrix (fast on MindSpore, see spatial_mean) rather
+    than over two axes of a 4-D map. The broadcast is written out (`expand_as`), never implicit
+    (docs/performance.md#graph-memory)."""
+    n, c, h, w = x.shape
+    flat = x.reshape(n * c, h * w)
+    return (flat * s.reshape(n * c, 1).expand_as(flat)).reshape(n, c, h, w)
+
+
 class MetaGate(MetaModule):
     """Per-channel gate σ(γ): σ(γ)·a + (1 - σ(γ))·b, γ ~ N(0, 0.1²)."""
 
@@ -164,8 +183,9 @@ class MetaGate(MetaModule):
         self.gate = new_parameter(np.random.randn(num_features) * 0.1)
 
     def forward(self, a, b):
-        g = compat.torch.sigmoid(self._get("gate")).reshape(1, -1, 1, 1)
-        return g.expand_as(a) * a + (1.0 - g).expand_as(b) * b
+        n, c = a.shape[0], a.shape[1]
+        g = compat.torch.sigmoid(self._get("gate")).reshape(1, c).broadcast_to((n, c))
+        return scale_channels(a, g) + scale_channels(b, 1.0 - g)
 
 
 class MetaCenters(MetaModule):
@@ -188,14 +208,14 @@ class GeM(nn.Module):
         self.p, self.eps = float(p), eps
 
     def forward(self, x):
-        return x.clamp(min=self.eps).pow(self.p).mean((2, 3)).pow(1.0 / self.p)
+        return spatial_mean(x.clamp(min=self.eps).pow(self.p)).pow(1.0 / self.p)
 
 
 class AvgPool(nn.Module):
     """Global average pooling to (N, C)."""
 
     def forward(self, x):
-        return x.mean((2, 3))
+        return spatial_mean(x)
 
 
 # --------------------------------------------------------------------------- model-wide switches

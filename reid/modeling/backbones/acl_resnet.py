@@ -25,7 +25,7 @@ from compat import nn, F, torch
 from compat.errors import UserError
 
 from reid.modeling.backbones.resnet import Bottleneck, add_stem_and_stages, check_stride, check_width, stem_forward
-from reid.modeling.layers import MetaBatchNorm, MetaConv2d, MetaGate, MetaIBN, MetaLinear
+from reid.modeling.layers import MetaBatchNorm, MetaConv2d, MetaGate, MetaIBN, MetaLinear, scale_channels, spatial_mean
 
 ACL_MAIN_BLOCKS = (2, 3, 5, 2)   # ResNet-50's 3/4/6/3 minus the block each CODE block replaces
 
@@ -40,9 +40,7 @@ class SELayer(nn.Module):
         self.fc2 = MetaLinear(hidden, channels)
 
     def forward(self, x):
-        n, c = x.shape[0], x.shape[1]
-        y = torch.sigmoid(self.fc2(F.relu(self.fc1(x.mean((2, 3))))))
-        return x * y.reshape(n, c, 1, 1).expand_as(x)
+        return scale_channels(x, torch.sigmoid(self.fc2(F.relu(self.fc1(spatial_mean(x))))))
 
 
 class HyperRouter(nn.Module):
@@ -57,7 +55,7 @@ class HyperRouter(nn.Module):
 
     def forward(self, x):
         n = x.shape[0]
-        g = x.mean((2, 3))
+        g = spatial_mean(x)
         h = F.relu(compat.normalize(self.fc1(g), 2.0, -1))
         w = self.fc2(h).reshape(n, self.channels, self.num_experts)
         logits = torch.bmm(g.reshape(n, 1, self.channels), w).reshape(n, self.num_experts)
@@ -92,8 +90,10 @@ class ExpertBottleneck(nn.Module):
         n, c, h, w = x.shape
         out = F.relu(self.bn1(F.conv2d(x, self.conv1._get("weight"))))   # = the grouped conv1 on x repeated K times
         out = F.relu(self.bn2(self.conv2(out)))
-        out = self.bn3(self.conv3(out)).reshape(n, self.num_experts, c, h, w)
-        return F.relu(out + x.reshape(n, 1, c, h, w).expand_as(out))
+        out = self.bn3(self.conv3(out)).reshape(n, self.num_experts, c * h * w)
+        # the residual x of every expert: broadcast over the experts (compat.broadcast_rows: a view on torch)
+        out = out + compat.broadcast_rows(x.reshape(n, 1, c * h * w), self.num_experts)
+        return F.relu(out).reshape(n, self.num_experts, c, h, w)
 
 
 def mix_experts(experts, weights):
