@@ -215,7 +215,11 @@ def main():
                 print("%-7s %s: exceeds %.0f GB resident memory (killed at %.0f MB)" % (
                     size, label, args.max_rss_gb, got[label]["peak_rss_mb"]), flush=True)
             got = {k: v for k, v in got.items() if k not in killed}
-            if "torch" not in got:
+            if "torch" not in got:  # no reference: each variant's own figures, no ratios
+                for label, r in got.items():
+                    print("%-7s %s: %s; peak RSS %.0f MB" % (size, label, "; ".join(
+                        "%s step %.2f s" % (step, r[step]) for step in ("basic", "meta") if step in r),
+                        r["peak_rss_mb"]), flush=True)
                 continue
             for label in got:
                 layers[label] = got[label]["layer"]
