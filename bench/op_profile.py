@@ -218,13 +218,15 @@ def profile_compiled(overrides, root, steps):
         for _ in range(steps):
             call()
         windows[kind] = (begin, time.time_ns(), (time.perf_counter() - start) / steps)
-    if getattr(prof, "_md_profiler", True) is None:  # MindSpore 2.0 on CPU: stop() would stop a dataset profiler never made
+    # MindSpore 2.0 on CPU: stop() would stop a dataset profiler it never made
+    if getattr(prof, "_md_profiler", True) is None:
         prof._data_process = False
     prof.stop()
     if not _ms_kernels(folder):  # MindSpore 2.0 writes its raw timing in analyse()
         import mindspore
         mode = mindspore.get_context("mode")
-        mindspore.set_context(mode=mindspore.GRAPH_MODE)  # its CPU analysis refuses PyNative mode (the graphs ran as jit)
+        # its CPU analysis refuses PyNative mode (where the graphs ran, as jit)
+        mindspore.set_context(mode=mindspore.GRAPH_MODE)
         prof.analyse()
         mindspore.set_context(mode=mode)
     rows = _ms_kernels(folder)
