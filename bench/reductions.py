@@ -1,11 +1,12 @@
 """MindSpore's CPU reductions by form, inside compiled graphs (mindspore.jit), at the demo network's largest CODE
-block shapes (batch 64, 32 channels, 16x8 maps, 4 experts): the multi-axis and inner-axis reductions that
+block shapes (batch 64, 32 channels, 16x8 maps, 4 experts; --shape full: the full-size network's first CODE block,
+batch 16, 256 channels, 64x32 maps): the multi-axis and inner-axis reductions that
 broadcasting ops' gradients and the expert mix produce against the same sums written as one last-axis reduction,
 slice adds or a matrix product. Prints milliseconds per call (median of --repeats x 20 calls), each form's ratio
 to the first of its group and its largest difference from it (the forms sum in different orders: last-bit
 differences). MindSpore only (`bench/kernels.py` puts these kernels next to torch's).
 
-    python bench/reductions.py [--repeats 5]
+    python bench/reductions.py [--repeats 5] [--shape full]
 """
 import argparse
 import os
@@ -18,6 +19,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 N, K, C, H, W = 64, 4, 32, 16, 8
+SHAPES = {"demo": (64, 4, 32, 16, 8),     # the demo network's largest CODE block
+          "full": (16, 4, 256, 64, 32)}   # the full-size network's first CODE block, batch 16
 
 
 def _groups():
@@ -59,17 +62,18 @@ def _groups():
     x5 = Tensor(rng.random((N, K, C, H, W), dtype=np.float32))
     s = Tensor(rng.random((N, C, 1, 1), dtype=np.float32))
     jit = mindspore.jit
+    shape4, shape5, flat = (N, C, H, W), (N, K, C, H, W), "reshape (%d, %d)" % (N * C, H * W)
     return [
-        ("sum over the 16x8 map of (64, 32, 16, 8)", x4, [("ReduceSum axes (2, 3)", jit(spatial_sum)),
-                                                          ("reshape (2048, 128), ReduceSum axis -1",
-                                                           jit(spatial_sum_last_axis))]),
-        ("sum over the 4 experts of (64, 4, 32, 16, 8)", x5, [("ReduceSum axis 1", jit(expert_sum)),
-                                                             ("slice adds x0 + x1 + x2 + x3", jit(expert_sum_slices)),
-                                                             ("BatchMatMul with ones", jit(expert_sum_matmul))]),
-        ("mean over the 16x8 map of (64, 32, 16, 8)", x4, [("ReduceMean axes (2, 3)", jit(spatial_mean)),
-                                                           ("reshape (2048, 128), ReduceMean axis -1",
-                                                            jit(spatial_mean_last_axis))]),
-        ("(64, 32, 1, 1) to (64, 32, 16, 8)", s, [("Tile", jit(tile)), ("BroadcastTo", jit(broadcast))]),
+        ("sum over the %dx%d map of %s" % (H, W, shape4), x4, [
+            ("ReduceSum axes (2, 3)", jit(spatial_sum)),
+            (flat + ", ReduceSum axis -1", jit(spatial_sum_last_axis))]),
+        ("sum over the %d experts of %s" % (K, shape5), x5, [
+            ("ReduceSum axis 1", jit(expert_sum)), ("slice adds x0 + x1 + x2 + x3", jit(expert_sum_slices)),
+            ("BatchMatMul with ones", jit(expert_sum_matmul))]),
+        ("mean over the %dx%d map of %s" % (H, W, shape4), x4, [
+            ("ReduceMean axes (2, 3)", jit(spatial_mean)),
+            (flat + ", ReduceMean axis -1", jit(spatial_mean_last_axis))]),
+        ("%s to %s" % ((N, C, 1, 1), shape4), s, [("Tile", jit(tile)), ("BroadcastTo", jit(broadcast))]),
     ]
 
 
@@ -88,7 +92,11 @@ def _ms_per_call(fn, arg, repeats, calls=20):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="demo",
+                        help="the CODE block's (N, K, C, H, W): demo (default) or full (batch 16)")
     args = parser.parse_args()
+    global N, K, C, H, W
+    N, K, C, H, W = SHAPES[args.shape]
     import mindspore
     mindspore.set_context(mode=mindspore.GRAPH_MODE)
     print("MindSpore %s, CPU, compiled graphs; ms per call" % mindspore.__version__)
