@@ -56,8 +56,8 @@ MAX_PATH = 65535                 # Milvus's longest VARCHAR
 MAX_TOPK = 16384                 # Milvus's largest search limit
 INDEX_TYPES = {"flat": "FLAT", "ivf": "IVF_FLAT", "hnsw": "HNSW"}
 DEFAULT_HNSW = {"M": 16, "efConstruction": 200}
-UPSERT_BYTES = 1 << 21           # vectors per write call into Milvus Lite 2.5: about 2 MB of float32 (larger
-                                 # calls were an order of magnitude slower there); LARGER_WRITES times that into
+UPSERT_BYTES = 1 << 21           # bytes of float32 vectors per write call into Milvus Lite 2.5 (larger calls
+                                 # were much slower there: bench/search.py); LARGER_WRITES times that into
 LARGER_WRITES = 8                # Milvus Lite 3 and servers (each call costs Milvus Lite 3 a write of its log)
 READ_BATCH = 16384               # rows per page when the rows are read back (Milvus's largest page)
 CONNECT_TIMEOUT_S = 10

@@ -50,8 +50,8 @@ LONG_CUT_OUT = 4096
 RANKERS = ("counting", "cut-out")
 # The counting ranker (_less_counting): a row whose items up to its farthest correct match are at most
 # 1/SHORT_CUT_OUT of it is sorted instead of binned; about PER_BIN items per bin; bins beyond the farthest match
-# at most SPREAD times those up to it; BLOCK distances binned at a time (about 30 bytes of working arrays each,
-# 8 MB). Set where bench/eval.py's Market- and MSMT-scale cases ran fastest; any values give the same counts.
+# at most SPREAD times those up to it; BLOCK distances binned at a time (about 30 bytes of working arrays each).
+# Set where bench/eval.py's Market- and MSMT-scale cases ran fastest; any values give the same counts.
 SHORT_CUT_OUT = 8
 PER_BIN = 4
 SPREAD = 4
