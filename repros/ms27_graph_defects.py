@@ -48,6 +48,17 @@ def _first_line(exc):
     return "%s: %s" % (type(exc).__name__, (str(exc).strip().splitlines() or [""])[0][:160])
 
 
+def _builds(ms, torch, forward, what):
+    """"ok" where `mindspore.jit(forward)` builds and runs on a (1, 3) tensor of ones, else the defect line
+    naming `what`."""
+    with _scratch():
+        try:
+            ms.jit(forward)(torch.tensor(np.ones((1, 3), np.float32)))
+        except Exception as exc:  # the defect: report it
+            return "DEFECT: %s: %s" % (what, _first_line(exc))
+    return "ok"
+
+
 def jit_ops():
     """With the layer's Module.__call__ out of the way (its `try` is repros/ms27_defects.py jit-module), the graph
     parser still refuses every op of the layer: each goes through its dispatcher, which the parser cannot read."""
@@ -56,12 +67,7 @@ def jit_ops():
 
     def forward(x):
         return torch.nn.functional.relu(x)
-    with _scratch():
-        try:
-            ms.jit(forward)(torch.tensor(np.ones((1, 3), np.float32)))
-        except Exception as exc:  # the defect: report it
-            return "DEFECT: mindspore.jit(lambda x: F.relu(x)): %s" % _first_line(exc)
-    return "ok"
+    return _builds(ms, torch, forward, "mindspore.jit(lambda x: F.relu(x))")
 
 
 def jit_container():
@@ -73,12 +79,7 @@ def jit_container():
 
     def forward(x):
         return [x for _ in layers]
-    with _scratch():
-        try:
-            ms.jit(forward)(torch.tensor(np.ones((1, 3), np.float32)))
-        except Exception as exc:  # the defect: report it
-            return "DEFECT: iterating a ModuleList in mindspore.jit: %s" % _first_line(exc)
-    return "ok"
+    return _builds(ms, torch, forward, "iterating a ModuleList in mindspore.jit")
 
 
 def inplace_storage():
