@@ -19,7 +19,7 @@ error). The file is replaced atomically: an interrupted run leaves the previous 
 --store puts the index in a Milvus collection instead (updated the same way: new and changed images upserted,
 removed ones deleted); --nproc N (--nnodes, --node-rank, --master-addr, --master-port, as train.py) spreads
 the extraction over N processes on the training launchers, and gives the same index.
-Format, stores, engines and speed: docs/retrieval.md.
+Format, engines and speed: docs/retrieval.md; the Milvus store: docs/milvus.md.
 """
 import argparse
 import os
@@ -36,7 +36,7 @@ def build_parser():
     p.add_argument("--output", default=None, metavar="FILE", help="the index file to write or update (.npz)")
     p.add_argument("--store", default="npz", metavar="STORE",
                    help="npz (default: the --output file), milvus:PATH.db (Milvus Lite) or "
-                        "milvus://HOST:PORT[/COLLECTION] (a Milvus server): docs/retrieval.md#milvus")
+                        "milvus://HOST:PORT[/COLLECTION] (a Milvus server): docs/milvus.md")
     milvus = p.add_argument_group("Milvus vector index (made with the collection; given again on an update, it "
                                   "replaces the collection's)")
     milvus.add_argument("--milvus-index", choices=("flat", "ivf", "hnsw"), default=None,

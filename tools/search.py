@@ -16,7 +16,7 @@ instead of "score" after --rerank; UTF-8, paths as they are) and FILE.csv query,
 protocol (same person in the same camera and junk images left out) and prints Rank-1 when the queries' ids
 are known. Ids come from Market-1501-style names or --query-labels. --store searches a Milvus collection
 written by tools/index.py --store (its vector index: exact FLAT unless made otherwise; --nprobe, --ef).
-Details: docs/retrieval.md.
+Details: docs/retrieval.md; a Milvus store: docs/milvus.md.
 """
 import argparse
 import csv

@@ -13,7 +13,7 @@ An index file replaced on disk (tools/index.py run again) is loaded without a re
 leaves the loaded one serving. Binding an address other than loopback needs an access token (--token or
 $ACL_REID_TOKEN), which every /api/ request but the health check must then send (Authorization: Bearer TOKEN).
 SIGTERM (or Ctrl-C) lets requests in flight finish, then exits 0.
-Details: docs/retrieval.md#serve.
+Details: docs/serving.md.
 """
 import argparse
 import os

@@ -1,6 +1,6 @@
 """A gallery index in Milvus: tools/index.py and tools/search.py with `--store milvus:PATH.db` (Milvus Lite, the
 embedded engine: a local file, nothing to start) or `--store milvus://HOST:PORT[/COLLECTION]` (a Milvus server or
-cluster), beside the `.npz` file of reid.deploy.gallery (docs/retrieval.md#milvus).
+cluster), beside the `.npz` file of reid.deploy.gallery (docs/milvus.md).
 
 One collection per gallery, a row per image:
 

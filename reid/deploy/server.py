@@ -1,4 +1,4 @@
-"""Search as a service: an HTTP API and a web page over one gallery index (tools/serve.py, docs/retrieval.md#serve).
+"""Search as a service: an HTTP API and a web page over one gallery index (tools/serve.py, docs/serving.md).
 
     app = build_app(ServeSettings(index="gallery.npz"), extractor_factory)    # an ASGI app (FastAPI)
 
@@ -639,7 +639,7 @@ def build_app(settings, extractor_factory=None, warm_up=True, ready=None, servic
 
     app = FastAPI(title="acl-reid search", version=_version(), lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url="/api/openapi.json",
-                  description="Person re-identification search over a gallery index (docs/retrieval.md#serve).")
+                  description="Person re-identification search over a gallery index (docs/serving.md).")
 
     def error(status, message):
         return JSONResponse({"error": message}, status_code=status)
