@@ -20,13 +20,17 @@ own.
 
     python bench/train_step.py [--sizes demo,full-b8,full] [--repeats 3] [--stacks ms27,msadapter]
         [--memory-level O1] [--variants mindspore-compiled,torch] [--basic-only] [--max-rss-gb 16]
-        [--batch-forwards] [--separate-graphs] [--caller-thread] [--gpu] [--network resnet50_ibn_a]
+        [--batch-forwards] [--separate-graphs] [--caller-thread] [--gpu] [--network resnet50_ibn_a] [--meta-parts]
 
 --network resnet50_ibn_a / resnet50 times the Baseline meta-architecture on that backbone instead of ACL (basic
 steps only: the Baseline has no meta steps), to tell what ACL's CODE blocks add to a step's time and memory.
 
 --gpu adds torch on a CUDA GPU (label torch-gpu; its ratio is against torch on this machine's CPU). On a machine
 without MindSpore, e.g. `REID_BACKEND=torch python bench/train_step.py --gpu --variants torch,torch-gpu`.
+
+--meta-parts then times --repeats more meta steps per variant part by part (the meta-train step function, the
+fast-weight steps, writing θ' into the parameters, the meta-test step function, restoring θ, the meta SGD, the
+rest), each part waited for at both ends, and prints a table per size: where two stacks' meta steps differ.
 
 For each compiled MindSpore variant a ratios line gives its basic and meta steps against torch eager and
 against MSAdapter's compiled steps (`msadapter-compiled`, when it ran), and its peak resident memory against
@@ -81,7 +85,7 @@ def warm_up(trainer, max_meta_steps=30):
 
 
 def measure(overrides, root, repeats, jit=False, memory_level=None, steps=("basic", "meta"), chunk_forwards=True,
-            device="cpu", shared_graph=True, helper_thread=True, config="acl.yml"):
+            device="cpu", shared_graph=True, helper_thread=True, config="acl.yml", meta_parts=False):
     """Seconds per step (median of `repeats`) after the warm-up, the warm-up's seconds, and the peak resident
     memory after the first basic step alone (compiled: one graph) as well as at the end (the runner adds it).
     `memory_level`: MindSpore's memory_optimize_level; `steps`: ("basic",) times basic steps only and warms
@@ -89,7 +93,8 @@ def measure(overrides, root, repeats, jit=False, memory_level=None, steps=("basi
     MODEL.JIT_SHARED_GRAPH (compiled: the basic and meta-train steps in one graph); `helper_thread`:
     MODEL.JIT_HELPER_THREAD (compiled: built graphs run on compat.jit's low-priority helper thread); `device`:
     MODEL.DEVICE (gpu: each timed step ends with a CUDA synchronisation, and the peak GPU memory of the timed steps
-    is added); `config`: the file under configs/synthetic the overrides apply to."""
+    is added); `config`: the file under configs/synthetic the overrides apply to; `meta_parts`: after the timed
+    steps, `repeats` more meta steps timed part by part (`time_meta_parts`)."""
     import time
 
     import compat
@@ -129,7 +134,67 @@ def measure(overrides, root, repeats, jit=False, memory_level=None, steps=("basi
     result.update(layer=layer_name(), warm_up_s=warm, first_basic_s=first_basic, warmed_domains=warmed,
                   peak_rss_basic_mb=peak_one, rss_after_warm_up_mb=rss_after_warm_up,
                   peak_rss_steps_mb=resident_mb("VmHWM"), graphs=graphs)
+    if meta_parts and "meta" in steps:
+        result["meta_parts"] = time_meta_parts(trainer, repeats)
     return result
+
+
+META_PARTS = ("meta-train step function", "fast-weight steps", "swap in θ'", "meta-test step function", "restore θ",
+              "meta SGD", "the rest", "whole meta step")
+
+
+def time_meta_parts(trainer, repeats):
+    """{part: median seconds over `repeats` meta steps}: the trainer's meta step with timers around its parts
+    (META_PARTS). Each timer waits for the queued kernels at both ends (`compat.synchronize`), so a part's
+    asynchronous op-by-op kernels count in that part, not in the next wait. Compiled, the meta-test step function
+    is split into writing θ' into the parameters (`compat.jit.swap_in`), its graph (the 'meta-test step function'
+    row) and putting θ back (`compat.jit.restore`); op by op (and on torch) that row is the whole meta-test step
+    function, fast weights included. 'the rest': the batches' assembly, the gradients' sum and the bookkeeping."""
+    import time
+
+    import compat
+    import compat.jit as jit
+    own = {"swap": jit.swap_in, "restore": jit.restore, "run": trainer._run_step_function,
+           "fast": trainer.fast_weight_steps, "sgd": trainer.optimizer_meta.step}
+    step = {}
+
+    def timed(part, fn, subtract_from=None):
+        def call(*args, **kwargs):
+            compat.synchronize()
+            start = time.perf_counter()
+            out = fn(*args, **kwargs)
+            compat.synchronize()
+            seconds = time.perf_counter() - start
+            step[part] = step.get(part, 0.0) + seconds
+            if subtract_from is not None:  # a part inside another: counted once
+                step[subtract_from] = step.get(subtract_from, 0.0) - seconds
+            return out
+        return call
+
+    def run_step_function(kind, *args, **kwargs):
+        part = "meta-train step function" if kind == "mtrain" else "meta-test step function"
+        return timed(part, own["run"])(kind, *args, **kwargs)
+
+    jit.swap_in = timed("swap in θ'", own["swap"], "meta-test step function")
+    jit.restore = timed("restore θ", own["restore"], "meta-test step function")
+    trainer._run_step_function = run_step_function
+    trainer.fast_weight_steps = timed("fast-weight steps", own["fast"])
+    trainer.optimizer_meta.step = timed("meta SGD", own["sgd"])
+    rows = {part: [] for part in META_PARTS}
+    try:
+        for _ in range(repeats):
+            step.clear()
+            timed("whole meta step", trainer.meta_step)()
+            step["the rest"] = step["whole meta step"] - sum(v for k, v in step.items() if k != "whole meta step")
+            for part in META_PARTS:
+                rows[part].append(step.get(part, 0.0))
+    finally:
+        jit.swap_in, jit.restore = own["swap"], own["restore"]
+        for owner, name in ((trainer, "_run_step_function"), (trainer, "fast_weight_steps"),
+                            (trainer.optimizer_meta, "step")):
+            delattr(owner, name)  # the patched instance attributes: the class's methods again
+    import numpy as np
+    return {part: float(np.median(values)) for part, values in rows.items()}
 
 
 def _options(parser):
@@ -149,8 +214,23 @@ def _options(parser):
                         "the calling thread (MODEL.JIT_HELPER_THREAD False), label *-compiled-caller")
     parser.add_argument("--gpu", action="store_true", help="also time torch on a CUDA GPU (MODEL.DEVICE gpu), "
                         "label torch-gpu, against torch on the CPU")
+    parser.add_argument("--meta-parts", action="store_true", help="also time the meta step part by part (the "
+                        "meta-train and meta-test step functions, fast weights, swap-in, restore, meta SGD, the "
+                        "rest): "
+                        "--repeats more meta steps per variant, a table per size")
     parser.add_argument("--max-rss-gb", type=float, default=16.0, help="kill a run whose resident memory exceeds "
                         "this (default 16; 0: no watchdog); it is reported as 'exceeds N GB'")
+
+
+def _print_meta_parts(size, got):
+    """The meta step part by part (--meta-parts): seconds per part, a column per variant."""
+    labels = [label for label in got if "meta_parts" in got[label]]
+    if not labels:
+        return
+    print("%-7s meta step by part, s   %s" % (size, "  ".join("%22s" % label for label in labels)), flush=True)
+    for part in META_PARTS:
+        print("%-7s %-24s %s" % (size, part, "  ".join("%22.3f" % got[label]["meta_parts"][part]
+                                                          for label in labels)), flush=True)
 
 
 LEGACY_COMPILED = "msadapter-compiled"   # the reference of the compiled steps' other ratio
@@ -199,6 +279,8 @@ def main():
         network = [] if args.network == "acl" else ["MODEL.BACKBONE.NAME", args.network]
         basic_only = args.basic_only or bool(network)
         common = {"steps": ("basic",)} if basic_only else {}
+        if args.meta_parts and not basic_only:
+            common["meta_parts"] = True
         if network:
             common["config"] = "baseline.yml"
             print("network: the Baseline on %s (basic steps only)" % args.network, flush=True)
@@ -215,6 +297,7 @@ def main():
                 print("%-7s %s: exceeds %.0f GB resident memory (killed at %.0f MB)" % (
                     size, label, args.max_rss_gb, got[label]["peak_rss_mb"]), flush=True)
             got = {k: v for k, v in got.items() if k not in killed}
+            _print_meta_parts(size, got)
             if "torch" not in got:  # no reference: each variant's own figures, no ratios
                 for label, r in got.items():
                     print("%-7s %s: %s; peak RSS %.0f MB" % (size, label, "; ".join(

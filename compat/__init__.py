@@ -18,7 +18,7 @@ from compat.errors import UserError
 _EXPORTS = {
     "as_tensor": "tensor", "to_numpy": "tensor", "manual_seed": "tensor", "no_grad": "tensor", "assign_": "tensor",
     "is_tensor": "tensor", "zeros_like": "tensor", "detach_tree": "tensor",
-    "set_device": "device", "current_device": "device", "to_device": "device",
+    "set_device": "device", "current_device": "device", "to_device": "device", "synchronize": "device",
     "value_and_grad": "autograd", "batch_norm": "norm", "instance_norm": "norm", "clip_grad_norm": "clip",
     "custom_op": "custom_op", "normalize": "functional", "vector_norm": "functional", "max_values": "functional",
     "min_values": "functional", "arange_like": "functional", "where": "functional", "detach": "functional",

@@ -66,6 +66,19 @@ def torch_device():
     return _c.torch.device("cuda" if _current == "gpu" else "cpu")
 
 
+def synchronize():
+    """Wait until every kernel queued so far has run. MindSpore after 2.0 queues op-by-op kernels and returns at
+    once (2.0 runs them as they are called); torch on a GPU queues on its stream. Timers around a piece of work
+    call this at both ends, or the piece's kernels are counted in whatever waits next."""
+    if _c.IS_MINDSPORE:
+        from mindspore.common import api
+        sync = getattr(api._pynative_executor, "sync", None)
+        if sync is not None:
+            sync()
+    elif _current == "gpu":
+        _c.torch.cuda.synchronize()
+
+
 def to_device(obj):
     """Move a module or tensor to the current device (no-op on MindSpore, whose device is global)."""
     if _c.IS_MINDSPORE:
