@@ -152,6 +152,8 @@ def time_meta_parts(trainer, repeats):
     function, fast weights included. 'the rest': the batches' assembly, the gradients' sum and the bookkeeping."""
     import time
 
+    import numpy as np
+
     import compat
     import compat.jit as jit
     own = {"swap": jit.swap_in, "restore": jit.restore, "run": trainer._run_step_function,
@@ -193,7 +195,6 @@ def time_meta_parts(trainer, repeats):
         for owner, name in ((trainer, "_run_step_function"), (trainer, "fast_weight_steps"),
                             (trainer.optimizer_meta, "step")):
             delattr(owner, name)  # the patched instance attributes: the class's methods again
-    import numpy as np
     return {part: float(np.median(values)) for part, values in rows.items()}
 
 
@@ -216,8 +217,7 @@ def _options(parser):
                         "label torch-gpu, against torch on the CPU")
     parser.add_argument("--meta-parts", action="store_true", help="also time the meta step part by part (the "
                         "meta-train and meta-test step functions, fast weights, swap-in, restore, meta SGD, the "
-                        "rest): "
-                        "--repeats more meta steps per variant, a table per size")
+                        "rest): --repeats more meta steps per variant, a table per size")
     parser.add_argument("--max-rss-gb", type=float, default=16.0, help="kill a run whose resident memory exceeds "
                         "this (default 16; 0: no watchdog); it is reported as 'exceeds N GB'")
 

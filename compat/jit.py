@@ -521,9 +521,8 @@ def _run_and_wait(jitted, args):
     that calls this (the helper). After MindSpore 2.0 the call only queues the graph and returns; whichever
     thread next waits for the queue (`AsyncRQueue::Wait`) spins at full speed until it is empty, so the wait
     belongs on the helper at nice 19, not in the caller's next read of an output."""
-    from mindspore.common import api
     out = jitted(*args)
-    api._pynative_executor.sync()
+    _c.synchronize()
     return out
 
 
