@@ -7,7 +7,7 @@ in between.
 
     python repros/ms27_defects.py [CASE ...]      (default: all; .venv/bin/python)
 
-Each case prints one line: `DEFECT` with what went wrong, or `ok` where this version does it right. The two
+Each case prints one line: `DEFECT` with what went wrong, or `ok` where this version does it right. The three
 MindSpore-alone cases:
 
 dict-aux: the objective's loss terms in a dict, returned as the aux output (has_aux) of a differentiated graph:
@@ -17,6 +17,8 @@ side-effects: the first call (build + first run) of a differentiated graph (`min
     the same graph with the kernel made pure, each in a fresh process (--blocks, --timeout). A MindSpore whose
     runtime links such graphs slowly (2.6's did not finish the demo network's basic-step graph) shows a first
     call far longer with the writes; compat builds step graphs without them (compat.jit.stateless_steps).
+map-exit: a dataset `map` with two worker processes, read to its end: MindSpore's shutdown waits for the
+    pipeline's clean-up process, which it never told to quit, then kills it.
 """
 import argparse
 import os
@@ -321,10 +323,42 @@ def dict_aux():
     return "%sdict aux %s; tuple aux %s" % ("DEFECT: " if broken else "ok: ", said["with_dict"], said["with_tuple"])
 
 
+def map_exit():
+    """A `map` with worker processes (python_multiprocessing) over six rows, read to its end; MindSpore 2.7's
+    shutdown of the pipeline (`_PythonMultiprocessing._abort_monitor`) joins its clean-up process with a 5 s
+    timeout without first setting the event that tells it to quit (guarded by `hasattr(self, 'eof')`, an
+    attribute that is never set), then kills it."""
+    import mindspore.dataset as ds
+    from mindspore.dataset.engine import datasets
+    pool = datasets._PythonMultiprocessing
+    terminate, killed = pool._terminate_processes, []
+
+    def recording(processes):
+        killed.extend(p.name for p in processes if p.name == "MapCleanProcess" and p.exitcode is None)
+        return terminate(processes)
+    pool._terminate_processes = staticmethod(recording)
+    try:
+        rows = ds.GeneratorDataset([(np.int64(i),) for i in range(6)], column_names=["i"], shuffle=False)
+        rows = rows.map(lambda i: i * 2, input_columns=["i"], num_parallel_workers=2, python_multiprocessing=True)
+        iterator = rows.create_tuple_iterator(num_epochs=1, output_numpy=True)
+        got = [int(i) for (i,) in iterator]
+        start = time.time()
+        del iterator, rows   # the pipeline's end: its worker pool shuts down
+        import gc
+        gc.collect()
+        took = time.time() - start
+    finally:
+        pool._terminate_processes = staticmethod(terminate)
+    if killed:
+        return "DEFECT: rows %s, then %.1f s to shut down; the clean-up process was killed after the wait" % (
+            got, took)
+    return "ok: rows %s, shut down in %.1f s" % (got, took)
+
+
 CASES = {"dtype-str": dtype_str, "device": device, "move-to": move_to, "vector-norm": vector_norm,
          "cross-entropy": cross_entropy, "batch-norm": batch_norm, "module-bprop": module_bprop,
          "backward": backward, "sgd": sgd, "jit-module": jit_module, "dict-aux": dict_aux,
-         "side-effects": side_effects}
+         "side-effects": side_effects, "map-exit": map_exit}
 
 
 def main():

@@ -27,7 +27,7 @@ def apply(torch):
     """Apply the shims this layer needs (`torch` = the top-level `mindtorch`); return what was done."""
     done = []
     for shim in (_identity_cast, _mindspore_dtype_names, _tensor_device_default, _move_to_same_device,
-                 _vector_norm, _cross_entropy, _batch_norm_arguments):
+                 _vector_norm, _cross_entropy, _batch_norm_arguments, _map_workers_quit):
         what = shim(torch)
         if what:
             done.append(what)
@@ -212,3 +212,34 @@ def _batch_norm_arguments(torch):
     batch_norm.compat_original = original
     F.batch_norm = batch_norm
     return "F.batch_norm passes the kernels' argument order"
+
+
+def _map_workers_quit(torch):
+    """MindSpore 2.7's own dataset pipelines (not the layer): a `map` with worker processes starts a clean-up
+    process beside them, and at the pipeline's end (`_PythonMultiprocessing._abort_monitor`) waits up to 5 s
+    for it to quit before killing it. The quit event it should set first is guarded by a check of an attribute
+    that does not exist (`hasattr(self, 'eof')`), so it is never set: every loader with workers (compat.data's
+    batches, DATALOADER.NUM_WORKERS > 0) took 5 s more to end, twice per evaluation (query and gallery). The
+    event is set before MindSpore's own shutdown runs; the clean-up process sees it within 0.1 s and quits."""
+    import inspect
+    from mindspore.dataset.engine import datasets
+    pool = getattr(datasets, "_PythonMultiprocessing", None)
+    original = getattr(pool, "_abort_monitor", None)
+    if original is None or getattr(original, "compat_original", None) is not None:
+        return None
+    try:
+        unguarded = "hasattr(self, 'eof')" in inspect.getsource(original)
+    except (OSError, TypeError):
+        return None
+    if not unguarded:
+        return None
+
+    def _abort_monitor(self):
+        event = getattr(self, "eof_clean_process", None)
+        if event is not None:
+            event.set()
+        return original(self)
+
+    _abort_monitor.compat_original = original
+    pool._abort_monitor = _abort_monitor
+    return "dataset map workers' clean-up process told to quit at the pipeline's end"
