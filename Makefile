@@ -38,7 +38,12 @@ $(eval $(call ENVIRONMENT,ms27,.venv,requirements.txt,$(PY311),requirements-node
 $(eval $(call ENVIRONMENT,torch,.venv-torch,requirements-torch.txt,$(PY311)))
 $(eval $(call ENVIRONMENT,msadapter,.venv-msadapter,requirements-msadapter.txt,$(PY39)))
 
-setup: $(ENVIRONMENTS)
+# The environments install side by side (SETUP_JOBS of them at a time): each pip is one busy thread, mostly
+# unpacking and byte-compiling, so on 2 cores three take about half the time of one after the other
+# (docs/testing.md#how-long-it-takes).
+SETUP_JOBS ?= 3
+setup:
+	@$(MAKE) --no-print-directory -j$(SETUP_JOBS) --output-sync=target $(ENVIRONMENTS)
 
 # The main job: train ACL briefly on 3 built-in synthetic domains, evaluate on the 4th (MindSpore backend).
 # STACK picks the MindSpore stack: ms27 (the default: .venv, stable MindSpore 2.7.0 with mindnlp's mindtorch;
@@ -90,14 +95,23 @@ MSADAPTER_QUICK_TESTS := tests/test_compat_checkpoint.py tests/test_compat_custo
 # suite's output is printed whole when it ends (make's --output-sync=line); TEST_JOBS=1 runs them one after the
 # other, printing as it goes.
 TEST_JOBS ?= 2
+# Each suite's processes get the cores divided by the jobs running side by side (at least one) for MindSpore's
+# kernel pool (REID_NUM_THREADS, compat.jit.default_threads) and torch's (OMP_NUM_THREADS): with a pool per core
+# in each of two suites side by side, the cores are oversubscribed (docs/testing.md#how-long-it-takes). A value
+# set by the caller wins.
+SUITE_THREADS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); t=$$((n / $(TEST_JOBS))); echo $$((t > 0 ? t : 1)))
 STEP_COMPARISON := tests/test_training.py::test_steps_match_between_backends[1-20]
 COMPILED_STEPS := tests/test_compiled_steps.py
 SUITES := suite-ms27 suite-torch suite-ms27-steps suite-msadapter
-test: setup
+# First the environments and the browser (below) install side by side, as `make setup` does.
+test:
+	@$(MAKE) --no-print-directory -j$(SETUP_JOBS) --output-sync=target $(ENVIRONMENTS) browser
 	.venv-torch/bin/ruff check .
 	@$(MAKE) --no-print-directory -j$(TEST_JOBS) $(if $(filter 1,$(TEST_JOBS)),,--output-sync=line) $(SUITES)
 
 .PHONY: $(SUITES)
+$(SUITES): export REID_NUM_THREADS ?= $(SUITE_THREADS)
+$(SUITES): export OMP_NUM_THREADS ?= $(SUITE_THREADS)
 suite-ms27:
 	@echo "suite: mindtorch (mindnlp 0.5.1) on MindSpore 2.7, parity against torch included, but the step comparisons"
 	REID_ALLOW_MISSING_BACKEND= REID_BACKEND=mindspore $(MS_PY) -m pytest tests -q --ignore=$(COMPILED_STEPS) \
@@ -158,7 +172,6 @@ test-ms27: setup-ms27 setup-torch
 # installs them where they are missing (as root, with apt-get) and has the torch suite fail that test, instead of
 # skipping it, when the browser still cannot run.
 .PHONY: browser
-test: browser
 suite-torch: export REID_BROWSER_TEST = 1
 browser:
 	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then :; \
