@@ -21,6 +21,7 @@ map-exit: a dataset `map` with two worker processes, read to its end: MindSpore'
     pipeline's clean-up process, which it never told to quit, then kills it.
 """
 import argparse
+import gc
 import os
 import subprocess
 import sys
@@ -344,7 +345,6 @@ def map_exit():
         got = [int(i) for (i,) in iterator]
         start = time.time()
         del iterator, rows   # the pipeline's end: its worker pool shuts down
-        import gc
         gc.collect()
         took = time.time() - start
     finally:

@@ -3,8 +3,9 @@
 
 mindnlp's `mindtorch` is the torch module itself (`mindtorch.nn`, `mindtorch.optim`), and its `Tensor` is
 `mindspore.Tensor` with methods patched in globally. Each shim below closes one defect of that layer (or of
-what its global patches do to MindSpore), checks for the gap first and says what it did; tests/test_compat_ms27.py
-shows each defect without its shim and the fix with it, repros/ms27_defects.py each defect without compat.
+what its global patches do to MindSpore, or of MindSpore 2.7 itself where the stack meets it), checks for the
+gap first and says what it did; tests/test_compat_ms27.py shows each defect without its shim and the fix with
+it, repros/ms27_defects.py each defect without compat.
 `before_import()` runs after `import mindspore` and before the layer's import, `apply(torch)` right after it
 (the layer's `before_import` / `after_import`, called by compat/backend.py).
 """
