@@ -42,8 +42,9 @@ $(eval $(call ENVIRONMENT,msadapter,.venv-msadapter,requirements-msadapter.txt,$
 # unpacking and byte-compiling, so on 2 cores three take about half the time of one after the other
 # (docs/testing.md#how-long-it-takes).
 SETUP_JOBS ?= 3
+SIDE_BY_SIDE := $(MAKE) --no-print-directory -j$(SETUP_JOBS) --output-sync=target
 setup:
-	@$(MAKE) --no-print-directory -j$(SETUP_JOBS) --output-sync=target $(ENVIRONMENTS)
+	@$(SIDE_BY_SIDE) $(ENVIRONMENTS)
 
 # The main job: train ACL briefly on 3 built-in synthetic domains, evaluate on the 4th (MindSpore backend).
 # STACK picks the MindSpore stack: ms27 (the default: .venv, stable MindSpore 2.7.0 with mindnlp's mindtorch;
@@ -106,7 +107,7 @@ COMPILED_STEPS := tests/test_compiled_steps.py
 SUITES := suite-ms27 suite-torch suite-ms27-steps suite-msadapter
 # First the environments and the browser (below) install side by side, as `make setup` does.
 test:
-	@$(MAKE) --no-print-directory -j$(SETUP_JOBS) --output-sync=target $(ENVIRONMENTS) browser
+	@$(SIDE_BY_SIDE) $(ENVIRONMENTS) browser
 	.venv-torch/bin/ruff check .
 	@$(MAKE) --no-print-directory -j$(TEST_JOBS) $(if $(filter 1,$(TEST_JOBS)),,--output-sync=line) $(SUITES)
 
