@@ -280,29 +280,21 @@ def test_a_loader_with_workers_ends_without_waiting_for_its_clean_up_process(mon
     pool = datasets._PythonMultiprocessing
     fixed = pool._abort_monitor
     assert fixed.compat_original is not None
-    terminate = pool._terminate_processes
-    ends = []
+    terminate, killed = pool._terminate_processes, []
 
-    def recording(shutdown):
-        def _abort_monitor(self):
-            process = getattr(self, "cleaning_process", None)
-            killed = []
+    def recording(processes):   # the clean-up process, when it is still there to be killed
+        killed.extend(p for p in processes if p.name == "MapCleanProcess" and p.exitcode is None)
+        return terminate(processes)
+    monkeypatch.setattr(pool, "_terminate_processes", staticmethod(recording))
 
-            def _terminate_processes(processes):
-                killed.extend(p for p in processes if p is process and p.exitcode is None)
-                return terminate(processes)
-            monkeypatch.setattr(pool, "_terminate_processes", staticmethod(_terminate_processes))
-            shutdown(self)
-            monkeypatch.setattr(pool, "_terminate_processes", staticmethod(terminate))
-            ends.append("killed" if killed else "quit")
-        return _abort_monitor
-
-    seen = []
+    seen, ends = [], []
     for shutdown in (fixed.compat_original, fixed):
-        monkeypatch.setattr(pool, "_abort_monitor", recording(shutdown))
+        monkeypatch.setattr(pool, "_abort_monitor", shutdown)
+        before = len(killed)
         seen.append([compat.to_numpy(b["targets"]).tolist()
                      for b in make_loader(_Numbers(), [[0, 1], [2, 3], [4, 5]], num_workers=2)])
         gc.collect()
+        ends.append("killed" if len(killed) > before else "quit")
     assert seen == [[[0, 1], [2, 3], [4, 5]]] * 2
     assert ends == ["killed", "quit"]
 
