@@ -82,8 +82,9 @@ MSADAPTER_ONLY_TESTS := tests/test_compiled.py::test_built_graphs_run_on_the_low
 	tests/test_compiled.py::test_graph_builds_refuse_a_switched_off_fallback_and_export_names \
 	tests/test_retrieval_milvus.py::test_hnsw_on_milvus_lite_2_5_is_one_line \
 	tests/test_retrieval_milvus.py::test_an_engine_that_ends_as_it_starts_is_started_again
-MSADAPTER_QUICK_TESTS := tests/test_compat_checkpoint.py tests/test_compat_custom_op.py tests/test_compat_data.py \
-	tests/test_compat_errors.py tests/test_compat_norm.py tests/test_compat_optim.py tests/test_compat_schedules.py \
+MSADAPTER_QUICK_TESTS := tests/test_compat_allocator.py tests/test_compat_checkpoint.py tests/test_compat_custom_op.py \
+	tests/test_compat_data.py tests/test_compat_errors.py tests/test_compat_norm.py tests/test_compat_optim.py \
+	tests/test_compat_schedules.py \
 	tests/test_losses.py tests/test_modeling.py tests/test_modeling_units.py tests/test_evaluation.py \
 	tests/test_evaluation_parity.py tests/test_training_spec.py tests/test_compat_functional.py \
 	tests/test_compat_shims.py tests/test_package.py tests/test_commands.py tests/test_import_order.py \

@@ -72,13 +72,14 @@ def __getattr__(name):
 
 def info():
     """What is active: backend, stack (the Makefile's STACK name), torch-API layer and version, framework
-    version, device."""
+    version, device, and glibc malloc's settings (compat/allocator.py)."""
     if "_info" not in globals():
         _load()
     i = globals()["_info"]
+    from compat import allocator
     return dict(backend=i["name"], stack=i["stack"], torch_api=i["layer"], torch_api_version=i["layer_version"],
                 framework=i["framework"], framework_version=i["framework_version"],
-                device=globals()["current_device"]())
+                device=globals()["current_device"](), malloc=allocator.describe())
 
 
 # every public name: the backend's, this module's own and the export tables above (one list to keep in step)

@@ -77,6 +77,9 @@ def _import_torch_api_on_mindspore():
     check_protobuf_for_mindspore()
     if "mindspore" not in sys.modules:
         _before_mindspore["value"] = os.environ.get(PROTOBUF_VARIABLE)
+        # before MindSpore's threads allocate anything (compat/allocator.py says why)
+        from compat import allocator
+        allocator.tune()
     try:
         import mindspore  # noqa: F401
     except ImportError as exc:

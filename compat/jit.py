@@ -95,6 +95,7 @@ import time
 import numpy as np
 
 import compat as _c
+from compat import allocator
 from compat.backend import is_mindspore_2_0
 from compat.graph_mode import (eager_only, exporting, in_graph, set_building,  # noqa: F401 (public here)
                                state_through_gradients)
@@ -487,11 +488,7 @@ def _release_build_memory():
     directly instead), and MindSpore's op-by-op gradient caches start afresh."""
     from mindspore._c_expression import _ms_memory_recycle
     _ms_memory_recycle()
-    try:
-        import ctypes
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: the memory is free for this process, not given back
-        pass
+    allocator.give_back_free_pages(always=True)  # (not glibc: the memory is free for this process, not given back)
 
 
 def _run_built(phase, args):
@@ -716,6 +713,10 @@ class _Timed:
             if folder is not None:
                 _cache_off()
         built = set(ms_compile_cache) - phases_before
+        if built and not release:
+            # what the build freed stays resident in the heap's holes otherwise (compat/allocator.py); 2.0's
+            # release below does this after freeing more
+            allocator.give_back_free_pages()
         rss_built, hwm_built = resident_mb(), resident_mb("VmHWM")
         rss_released = None
         if release and len(built) == 1:  # (none: MS_JIT=0 ran the Python; then nothing was built to release)
