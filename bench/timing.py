@@ -72,11 +72,12 @@ def on_both_backends(target, kwargs, variants=None):
             for label, v in variants.items()}
 
 
-def run_isolated(backend, target, kwargs, timeout=3600, python=None, max_rss_mb=None):
+def run_isolated(backend, target, kwargs, timeout=3600, python=None, max_rss_mb=None, environ=None):
     """The result of `target(**kwargs)` in a new process of `backend`'s environment (or of the interpreter
     `python`), with its peak RSS. `max_rss_mb`: a watchdog polls the process's resident memory and kills it
     above that (an address-space limit would not do: MindSpore reserves far more than it touches); the result
-    is then {"killed_above_mb": max_rss_mb, "peak_rss_mb": the last reading}."""
+    is then {"killed_above_mb": max_rss_mb, "peak_rss_mb": the last reading}. `environ`: variables set in the
+    process's environment (what must hold before the framework is imported)."""
     import os
     import pickle
     import subprocess
@@ -92,7 +93,7 @@ def run_isolated(backend, target, kwargs, timeout=3600, python=None, max_rss_mb=
         src, dst = Path(tmp) / "in.pkl", Path(tmp) / "out.pkl"
         with open(src, "wb") as fh:
             pickle.dump([("bench.timing:with_peak_rss", {"target": target, "kwargs": kwargs})], fh, protocol=4)
-        env = dict(os.environ, REID_BACKEND=backend, PYTHONPATH=str(ROOT))
+        env = dict(os.environ, REID_BACKEND=backend, PYTHONPATH=str(ROOT), **(environ or {}))
         command = [str(python), str(ROOT / "tests" / "_crossenv_child.py"), str(src), str(dst)]
         if max_rss_mb:
             killed = _watched(command, env, timeout, max_rss_mb, Path(tmp))

@@ -20,13 +20,17 @@ own.
 
     python bench/train_step.py [--sizes demo,full-b8,full] [--repeats 3] [--stacks ms27,msadapter]
         [--memory-level O1] [--variants mindspore-compiled,torch] [--basic-only] [--max-rss-gb 16]
-        [--batch-forwards] [--separate-graphs] [--caller-thread] [--gpu] [--network resnet50_ibn_a] [--meta-parts]
+        [--batch-forwards] [--separate-graphs] [--caller-thread] [--malloc-defaults] [--gpu]
+        [--network resnet50_ibn_a] [--meta-parts]
 
 --network resnet50_ibn_a / resnet50 times the Baseline meta-architecture on that backbone instead of ACL (basic
 steps only: the Baseline has no meta steps), to tell what ACL's CODE blocks add to a step's time and memory.
 
 --gpu adds torch on a CUDA GPU (label torch-gpu; its ratio is against torch on this machine's CPU). On a machine
 without MindSpore, e.g. `REID_BACKEND=torch python bench/train_step.py --gpu --variants torch,torch-gpu`.
+
+--malloc-defaults adds, per MindSpore stack, steps op by op and compiled under glibc malloc's own settings
+(REID_MALLOC_TUNING=0, labels *-glibc and *-compiled-glibc): what compat/allocator.py's settings change, in one run.
 
 --meta-parts then times --repeats more meta steps per variant part by part (the meta-train step function, the
 fast-weight steps, writing θ' into the parameters, the meta-test step function, restoring θ, the meta SGD, the
@@ -213,6 +217,9 @@ def _options(parser):
                         "step kind (MODEL.JIT_SHARED_GRAPH False), label *-compiled-separate")
     parser.add_argument("--caller-thread", action="store_true", help="also time compiled steps whose graphs run on "
                         "the calling thread (MODEL.JIT_HELPER_THREAD False), label *-compiled-caller")
+    parser.add_argument("--malloc-defaults", action="store_true", help="also time steps op by op and compiled "
+                        "under glibc malloc's defaults (REID_MALLOC_TUNING=0: compat/allocator.py's settings off), "
+                        "labels *-glibc, *-compiled-glibc")
     parser.add_argument("--gpu", action="store_true", help="also time torch on a CUDA GPU (MODEL.DEVICE gpu), "
                         "label torch-gpu, against torch on the CPU")
     parser.add_argument("--meta-parts", action="store_true", help="also time the meta step part by part (the "
@@ -241,7 +248,7 @@ def _print_ratios(size, got, steps):
     compiled step (when both ran), and the whole run's peak resident memory against torch's."""
     legacy = got.get(LEGACY_COMPILED)
     for label in got:
-        if not label.endswith("-compiled"):
+        if "-compiled" not in label:
             continue
         parts = []
         for step in steps:
@@ -266,6 +273,9 @@ def main():
             extra["-compiled-separate"] = dict(compiled, shared_graph=False)
         if args.caller_thread:
             extra["-compiled-caller"] = dict(compiled, helper_thread=False)
+        if args.malloc_defaults:
+            extra["-glibc"] = {"environ": {"REID_MALLOC_TUNING": "0"}}
+            extra["-compiled-glibc"] = dict(compiled, environ={"REID_MALLOC_TUNING": "0"})
         if args.batch_forwards:
             extra["-batchfwd"] = {"chunk_forwards": False}
         variants = stack_variants(args.stacks, extra)
@@ -289,8 +299,10 @@ def main():
         layers = {}
         for size in args.sizes.split(","):
             spec = dict(common, overrides=SIZES[size] + network, root=root, repeats=args.repeats)
-            got = {label: run_isolated(v[0], "bench.train_step:measure", dict(spec, **v[1]), python=v[2],
-                                       max_rss_mb=args.max_rss_gb * 1024 if args.max_rss_gb else None)
+            got = {label: run_isolated(v[0], "bench.train_step:measure",
+                                       dict(spec, **{k: x for k, x in v[1].items() if k != "environ"}),
+                                       python=v[2], max_rss_mb=args.max_rss_gb * 1024 if args.max_rss_gb else None,
+                                       environ=v[1].get("environ"))
                    for label, v in variants.items()}
             killed = {label for label in got if "killed_above_mb" in got[label]}
             for label in sorted(killed):
