@@ -90,25 +90,22 @@ MSADAPTER_QUICK_TESTS := tests/test_compat_allocator.py tests/test_compat_checkp
 	tests/test_compat_shims.py tests/test_package.py tests/test_commands.py tests/test_import_order.py \
 	$(MSADAPTER_ONLY_TESTS)
 #
-# The suites queue for TEST_JOBS make jobs (2, the default: one per core), each starting when a job is free, in
-# the order of SUITES: the default stack's step comparisons, its runs of whole trainings and commands
-# (MS27_RUN_TESTS), the torch suite, the rest of the default stack's suite, then the MSAdapter quick list (the
-# order that ended soonest with these suites' lengths on 2 cores; docs/testing.md#how-long-it-takes). Each
-# suite runs on cores of its own (tests/cpu_slot.py: the first free block of nproc / TEST_JOBS cores, its child
-# processes included): MindSpore 2.7 waits for its kernel threads spinning, so a MindSpore process whose threads
-# share the cores with another busy suite loses most of its time to scheduling. Each suite's output is printed
-# whole when it ends (make's --output-sync=line); TEST_JOBS=1 runs them one after the other, unpinned, printing
-# as it goes.
+# The suites queue for TEST_JOBS make jobs (2, the default: one per core), longest first, each starting when a
+# job is free: the default stack's suite but its step comparisons, the torch suite, the default stack's step
+# comparisons, then the MSAdapter quick list. Much of each suite is one busy thread (MindSpore's graph builds,
+# Python), so on 2 cores side by side takes less wall time than one after the other (docs/testing.md). Each
+# suite's output is printed whole when it ends (make's --output-sync=line); TEST_JOBS=1 runs them one after the
+# other, printing as it goes.
 TEST_JOBS ?= 2
-# Each suite's processes get the cores of their block for MindSpore's kernel pool (REID_NUM_THREADS,
-# compat.jit.default_threads) and torch's (OMP_NUM_THREADS). A value set by the caller wins.
+# Each suite's processes get the cores divided by the jobs running side by side (at least one) for MindSpore's
+# kernel pool (REID_NUM_THREADS, compat.jit.default_threads) and torch's (OMP_NUM_THREADS): with a pool per core
+# in each of two suites side by side, the cores are oversubscribed (docs/testing.md#how-long-it-takes). A value
+# set by the caller wins. The legacy stack's layer tests keep MindSpore 2.0's pool per core: they run last, partly
+# alone, and ran slower with one thread.
 SUITE_THREADS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); t=$$((n / $(TEST_JOBS))); echo $$((t > 0 ? t : 1)))
-CPU_SLOT := $(if $(filter 1,$(TEST_JOBS)),,$(TORCH_PY) tests/cpu_slot.py --slots $(TEST_JOBS) --)
 STEP_COMPARISON := tests/test_training.py::test_steps_match_between_backends[1-20]
 COMPILED_STEPS := tests/test_compiled_steps.py
-MS27_RUN_TESTS := tests/test_training.py tests/test_commands.py tests/test_distributed.py tests/test_export.py \
-	tests/test_index_sharded.py
-SUITES := suite-ms27-steps suite-ms27-runs suite-torch suite-ms27 suite-msadapter
+SUITES := suite-ms27 suite-torch suite-ms27-steps suite-msadapter
 # First the environments and the browser (below) install side by side, as `make setup` does.
 test:
 	@$(SIDE_BY_SIDE) $(ENVIRONMENTS) browser
@@ -116,27 +113,23 @@ test:
 	@$(MAKE) --no-print-directory -j$(TEST_JOBS) $(if $(filter 1,$(TEST_JOBS)),,--output-sync=line) $(SUITES)
 
 .PHONY: $(SUITES)
-$(SUITES): export REID_NUM_THREADS ?= $(SUITE_THREADS)
-$(SUITES): export OMP_NUM_THREADS ?= $(SUITE_THREADS)
+$(filter-out suite-msadapter,$(SUITES)): export REID_NUM_THREADS ?= $(SUITE_THREADS)
+$(filter-out suite-msadapter,$(SUITES)): export OMP_NUM_THREADS ?= $(SUITE_THREADS)
 suite-ms27:
-	@echo "suite: mindtorch (mindnlp 0.5.1) on MindSpore 2.7, parity against torch included, but the step comparisons and the runs"
-	REID_ALLOW_MISSING_BACKEND= REID_BACKEND=mindspore $(CPU_SLOT) $(MS_PY) -m pytest tests -q \
-		--ignore=$(COMPILED_STEPS) $(MS27_RUN_TESTS:%=--ignore=%) -o cache_dir=.pytest_cache/ms27 $(PYTEST_ARGS)
-suite-ms27-runs:
-	@echo "suite: MindSpore 2.7, whole trainings and commands (but the 20-iteration step comparison)"
-	REID_ALLOW_MISSING_BACKEND= REID_BACKEND=mindspore $(CPU_SLOT) $(MS_PY) -m pytest $(MS27_RUN_TESTS) -q \
-		--deselect '$(STEP_COMPARISON)' -o cache_dir=.pytest_cache/ms27-runs $(PYTEST_ARGS) || test $$? -eq 5
+	@echo "suite: mindtorch (mindnlp 0.5.1) on MindSpore 2.7, parity against torch included, but the step comparisons"
+	REID_ALLOW_MISSING_BACKEND= REID_BACKEND=mindspore $(MS_PY) -m pytest tests -q --ignore=$(COMPILED_STEPS) \
+		--deselect '$(STEP_COMPARISON)' -o cache_dir=.pytest_cache/ms27 $(PYTEST_ARGS)
 suite-ms27-steps:
 	@echo "suite: MindSpore 2.7's step comparisons (20 iterations single split; compiled steps with two chunks)"
-	REID_ALLOW_MISSING_BACKEND= REID_BACKEND=mindspore $(CPU_SLOT) $(MS_PY) -m pytest '$(STEP_COMPARISON)' \
-		$(COMPILED_STEPS) -q -o cache_dir=.pytest_cache/ms27-steps $(PYTEST_ARGS) || test $$? -eq 5  # 5: none left
+	REID_ALLOW_MISSING_BACKEND= REID_BACKEND=mindspore $(MS_PY) -m pytest '$(STEP_COMPARISON)' $(COMPILED_STEPS) -q \
+		-o cache_dir=.pytest_cache/ms27-steps $(PYTEST_ARGS) || test $$? -eq 5  # 5: PYTEST_ARGS='-k ...' left none
 suite-torch:
 	@echo "suite: torch"
-	REID_ALLOW_MISSING_BACKEND= REID_BACKEND=torch $(CPU_SLOT) $(TORCH_PY) -m pytest tests -q -m "not parity" \
+	REID_ALLOW_MISSING_BACKEND= REID_BACKEND=torch $(TORCH_PY) -m pytest tests -q -m "not parity" \
 		-o cache_dir=.pytest_cache/torch $(PYTEST_ARGS)
 suite-msadapter:
 	@echo "suite: MSAdapter (MindSpore 2.0, the legacy stack), the torch-API layer's tests"
-	REID_ALLOW_MISSING_BACKEND= REID_BACKEND=mindspore $(CPU_SLOT) $(MSA_PY) -m pytest $(MSADAPTER_QUICK_TESTS) -q \
+	REID_ALLOW_MISSING_BACKEND= REID_BACKEND=mindspore $(MSA_PY) -m pytest $(MSADAPTER_QUICK_TESTS) -q \
 		-o cache_dir=.pytest_cache/msadapter $(PYTEST_ARGS) || test $$? -eq 5
 
 bench: setup-ms27 setup-torch setup-msadapter
@@ -176,7 +169,7 @@ test-msadapter: setup-msadapter setup-torch
 
 # The default MindSpore 2.7 stack's part of `make test` alone.
 test-ms27: setup-ms27 setup-torch
-	@$(MAKE) --no-print-directory suite-ms27 suite-ms27-runs suite-ms27-steps
+	@$(MAKE) --no-print-directory suite-ms27 suite-ms27-steps
 
 # The search page's test (tests/test_serve_browser.py) drives Debian's chromium through chromium-driver. `make test`
 # installs them where they are missing (as root, with apt-get) and has the torch suite fail that test, instead of
