@@ -1,10 +1,11 @@
 """MindSpore's CPU reductions by form, inside compiled graphs (mindspore.jit), at the demo network's largest CODE
 block shapes (batch 64, 32 channels, 16x8 maps, 4 experts; --shape full: the full-size network's first CODE block,
-batch 16, 256 channels, 64x32 maps): the multi-axis and inner-axis reductions that
-broadcasting ops' gradients and the expert mix produce against the same sums written as one last-axis reduction,
-slice adds or a matrix product. Prints milliseconds per call (median of --repeats x 20 calls), each form's ratio
-to the first of its group and its largest difference from it (the forms sum in different orders: last-bit
-differences). MindSpore only (`bench/kernels.py` puts these kernels next to torch's).
+batch 16, 256 channels, 64x32 maps): the multi-axis and inner-axis reductions that broadcasting ops' gradients and
+the expert mix produce against the same sums written as one last-axis reduction, slice adds or a matrix product;
+and the channel scale's forward and backward with its factors broadcast by BroadcastTo or Tile, under autodiff or
+with the backward written out (compat.scale_rows). Prints milliseconds per call (median of --repeats x 20 calls),
+each form's ratio to the first of its group and its largest difference from it (the forms sum in different orders:
+last-bit differences). MindSpore only (`bench/kernels.py` puts these kernels next to torch's).
 
     python bench/reductions.py [--repeats 5] [--shape full]
 """
@@ -57,7 +58,37 @@ def _groups():
     def broadcast(s):
         return ops.broadcast_to(s, (N, C, H, W))
 
+    tile_op, mul = ops.Tile(), ops.Mul()
+
+    class ScaleRowsBackwardWritten(mindspore.nn.Cell):   # compat.scale_rows on MindSpore
+        def construct(self, x, s):
+            return mul(x, tile_op(s, (1, H * W)))
+
+        def bprop(self, x, s, out, dout):
+            return mul(dout, tile_op(s, (1, H * W))), sum_keep(mul(dout, x), -1)
+
+    scale_rows = ScaleRowsBackwardWritten()
+
+    def scale_step(product):
+        """The channel scale's forward and backward on the (N*C, H*W) view: d/ds of sum(product(x, s) * w)."""
+        def weighted_sum(x, s):
+            return (product(x, s) * w_flat).sum()
+        grad = ops.grad(weighted_sum, (0, 1))
+
+        def step(s):
+            return grad(x_flat, s)[1]
+        return step
+
+    def product_broadcast_to(x, s):
+        return x * ops.broadcast_to(s, (N * C, H * W))
+
+    def product_tile(x, s):
+        return x * ops.tile(s, (1, H * W))
+
     rng = np.random.default_rng(0)
+    x_flat = Tensor(rng.random((N * C, H * W), dtype=np.float32))
+    w_flat = Tensor(rng.random((N * C, H * W), dtype=np.float32))
+    s_flat = Tensor(rng.random((N * C, 1), dtype=np.float32))
     x4 = Tensor(rng.random((N, C, H, W), dtype=np.float32))
     x5 = Tensor(rng.random((N, K, C, H, W), dtype=np.float32))
     s = Tensor(rng.random((N, C, 1, 1), dtype=np.float32))
@@ -74,6 +105,10 @@ def _groups():
             ("ReduceMean axes (2, 3)", jit(spatial_mean)),
             (flat + ", ReduceMean axis -1", jit(spatial_mean_last_axis))]),
         ("%s to %s" % ((N, C, 1, 1), shape4), s, [("Tile", jit(tile)), ("BroadcastTo", jit(broadcast))]),
+        ("channel scale x * s on the %s view, forward and backward" % flat[8:], s_flat, [
+            ("BroadcastTo, autodiff", jit(scale_step(product_broadcast_to))),
+            ("Tile, autodiff", jit(scale_step(product_tile))),
+            ("Tile, backward written out (scale_rows)", jit(scale_step(scale_rows)))]),
     ]
 
 

@@ -22,7 +22,7 @@ _EXPORTS = {
     "value_and_grad": "autograd", "batch_norm": "norm", "instance_norm": "norm", "clip_grad_norm": "clip",
     "custom_op": "custom_op", "normalize": "functional", "vector_norm": "functional", "max_values": "functional",
     "min_values": "functional", "arange_like": "functional", "where": "functional", "detach": "functional",
-    "max_pool2d_ceil": "functional", "broadcast_rows": "functional",
+    "max_pool2d_ceil": "functional", "broadcast_rows": "functional", "scale_rows": "functional",
     "eager_only": "jit", "state_buffer": "jit",
 }
 _SUBMODULES = ("optim", "schedules", "checkpoint", "data", "jit", "distributed")

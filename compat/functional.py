@@ -127,6 +127,19 @@ def broadcast_rows(x, rows):
     return _c.torch.bmm(ones, x)
 
 
+def scale_rows(x, s):
+    """x (R, M) times s (R, 1), one factor per row: the values of `x * s.expand_as(x)` and its gradients (d/dx:
+    the incoming gradient times s per row; d/ds: the row sums of the incoming gradient times x). torch expands a
+    view. On MindSpore the factors' full-size map is built by Tile, several times faster than MindSpore's CPU
+    BroadcastTo (bench/reductions.py), with the backward written out (a Cell's bprop) in the kernels autodiff
+    runs for the broadcast product, so the gradients are the same to the last bit; autodiff through Tile would
+    sum the factors' gradient in Tile's own backward, slower and in another order. The backward builds the map
+    again from s rather than keeping it."""
+    if not _c.IS_MINDSPORE:
+        return x * s.expand_as(x)
+    return _c.torch.cast_to_adapter_tensor(_SCALE_ROWS(x, s))
+
+
 def _ones_column(n, rows):
     return (int(n), int(rows), 1)
 
@@ -143,3 +156,19 @@ if _c.IS_MINDSPORE:
     _ones_column_c = _ms_ops.constexpr(_ones_column, check=False)
     _lp_norm_c = _ms_ops.constexpr(_lp_norm, check=False)
     _positive_integral_c = _ms_ops.constexpr(_positive_integral, check=False)
+    import mindspore as _mindspore
+
+    class _ScaleRows(_mindspore.nn.Cell):
+        """scale_rows on MindSpore: x (R, M) * s (R, 1) tiled along the rows, with its backward written out."""
+
+        def __init__(self):
+            super().__init__()
+            self.mul, self.tile = _ms_P.Mul(), _ms_P.Tile()
+
+        def construct(self, x, s):
+            return self.mul(x, self.tile(s, (1, x.shape[1])))
+
+        def bprop(self, x, s, out, dout):
+            return self.mul(dout, self.tile(s, (1, x.shape[1]))), _SUM_KEEPDIM(self.mul(dout, x), -1)
+
+    _SCALE_ROWS = _ScaleRows()

@@ -168,11 +168,10 @@ def spatial_mean(x):
 def scale_channels(x, s):
     """x (N, C, H, W) times s (N, C), one factor per sample and channel, written on the (N*C, H*W) view: the
     gradient of s is then a sum over the last axis of a matrix (fast on MindSpore, see spatial_mean) rather
-    than over two axes of a 4-D map. The broadcast is written out (`expand_as`), never implicit
-    (docs/performance.md#graph-memory)."""
+    than over two axes of a 4-D map. The broadcast is never implicit (docs/performance.md#graph-memory):
+    `compat.scale_rows` writes it out (on MindSpore as a Tile, faster than BroadcastTo)."""
     n, c, h, w = x.shape
-    flat = x.reshape(n * c, h * w)
-    return (flat * s.reshape(n * c, 1).expand_as(flat)).reshape(n, c, h, w)
+    return compat.scale_rows(x.reshape(n * c, h * w), s.reshape(n * c, 1)).reshape(n, c, h, w)
 
 
 class MetaGate(MetaModule):
