@@ -129,13 +129,13 @@ def broadcast_rows(x, rows):
 
 def scale_rows(x, s):
     """x (R, M) times s (R, 1), one factor per row: the values of `x * s.expand_as(x)` and its gradients (d/dx:
-    the incoming gradient times s per row; d/ds: the row sums of the incoming gradient times x). torch expands a
-    view. On MindSpore the factors' full-size map is built by Tile, several times faster than MindSpore's CPU
-    BroadcastTo (bench/reductions.py), with the backward written out (a Cell's bprop) in the kernels autodiff
-    runs for the broadcast product, so the gradients are the same to the last bit; autodiff through Tile would
-    sum the factors' gradient in Tile's own backward, slower and in another order. The backward builds the map
-    again from s rather than keeping it."""
-    if not _c.IS_MINDSPORE:
+    the incoming gradient times s per row; d/ds: the row sums of the incoming gradient times x), which is what
+    runs on torch (a view) and op by op on MindSpore. Compiled on MindSpore, the factors' full-size map is built
+    by Tile, several times faster than MindSpore's CPU BroadcastTo (bench/reductions.py), with the backward
+    written out (a Cell's bprop) in the kernels autodiff runs for the broadcast product, so the gradients are
+    the same to the last bit; autodiff through Tile would sum the factors' gradient in Tile's own backward,
+    slower and in another order. The backward builds the map again from s rather than keeping it."""
+    if not (_c.IS_MINDSPORE and in_graph()):
         return x * s.expand_as(x)
     return _c.torch.cast_to_adapter_tensor(_SCALE_ROWS(x, s))
 
