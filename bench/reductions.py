@@ -70,13 +70,15 @@ def _groups():
     scale_rows = ScaleRowsBackwardWritten()
 
     def scale_step(product):
-        """The channel scale's forward and backward on the (N*C, H*W) view: d/ds of sum(product(x, s) * w)."""
+        """The channel scale's forward and backward on the (N*C, H*W) view: the gradients of sum(product(x, s) * w)
+        with respect to x and s, both kept in the result (s and w are Parameters: a graph folds constants)."""
         def weighted_sum(x, s):
             return (product(x, s) * w_flat).sum()
         grad = ops.grad(weighted_sum, (0, 1))
 
-        def step(s):
-            return grad(x_flat, s)[1]
+        def step(x):
+            grad_x, grad_s = grad(x, s_flat)
+            return grad_x[:, :1] + grad_s
         return step
 
     def product_broadcast_to(x, s):
@@ -87,8 +89,8 @@ def _groups():
 
     rng = np.random.default_rng(0)
     x_flat = Tensor(rng.random((N * C, H * W), dtype=np.float32))
-    w_flat = Tensor(rng.random((N * C, H * W), dtype=np.float32))
-    s_flat = Tensor(rng.random((N * C, 1), dtype=np.float32))
+    w_flat = mindspore.Parameter(Tensor(rng.random((N * C, H * W), dtype=np.float32)), "w_flat", requires_grad=False)
+    s_flat = mindspore.Parameter(Tensor(rng.random((N * C, 1), dtype=np.float32)), "s_flat")
     x4 = Tensor(rng.random((N, C, H, W), dtype=np.float32))
     x5 = Tensor(rng.random((N, K, C, H, W), dtype=np.float32))
     s = Tensor(rng.random((N, C, 1, 1), dtype=np.float32))
@@ -105,7 +107,7 @@ def _groups():
             ("ReduceMean axes (2, 3)", jit(spatial_mean)),
             (flat + ", ReduceMean axis -1", jit(spatial_mean_last_axis))]),
         ("%s to %s" % ((N, C, 1, 1), shape4), s, [("Tile", jit(tile)), ("BroadcastTo", jit(broadcast))]),
-        ("channel scale x * s on the %s view, forward and backward" % flat[8:], s_flat, [
+        ("channel scale x * s on the %s view, forward and backward" % flat[8:], x_flat, [
             ("BroadcastTo, autodiff", jit(scale_step(product_broadcast_to))),
             ("Tile, autodiff", jit(scale_step(product_tile))),
             ("Tile, backward written out (scale_rows)", jit(scale_step(scale_rows)))]),
