@@ -169,7 +169,7 @@ def scale_channels(x, s):
     """x (N, C, H, W) times s (N, C), one factor per sample and channel, written on the (N*C, H*W) view: the
     gradient of s is then a sum over the last axis of a matrix (fast on MindSpore, see spatial_mean) rather
     than over two axes of a 4-D map. The broadcast is never implicit (docs/performance.md#graph-memory):
-    `compat.scale_rows` writes it out (on MindSpore as a Tile, faster than BroadcastTo)."""
+    `compat.scale_rows` writes it out (compiled on MindSpore as a Tile, faster than BroadcastTo)."""
     n, c, h, w = x.shape
     return compat.scale_rows(x.reshape(n * c, h * w), s.reshape(n * c, 1)).reshape(n, c, h, w)
 
