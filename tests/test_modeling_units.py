@@ -647,9 +647,9 @@ def test_scale_rows_compiled_is_the_expanded_product_to_the_last_bit():
             loss = (form(*params) * weight).sum()
             return loss, {"loss": loss}
         return loss_and_aux
+    compat.jit.prepare(holder)
     got = {}
     for name, form in forms.items():
-        compat.jit.prepare(holder)
         value = compat.jit.compiled(form, "test_scale_rows_%s" % name)(*params)
         _, _, grads = compat.jit.value_and_grad(loss_of(form), params, "test_scale_rows_grad_%s" % name)()
         got[name] = [n(value)] + [n(g) for g in grads]
