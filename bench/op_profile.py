@@ -213,11 +213,11 @@ def profile_compiled(overrides, root, steps):
         call()
         if not windows:
             prof.start()
-        begin = time.time_ns()
+        begin, begin_mono = time.time_ns(), time.monotonic_ns()
         start = time.perf_counter()
         for _ in range(steps):
             call()
-        windows[kind] = (begin, time.time_ns(), (time.perf_counter() - start) / steps)
+        windows[kind] = (begin, time.time_ns(), begin_mono, time.monotonic_ns(), (time.perf_counter() - start) / steps)
     # MindSpore 2.0 on CPU: stop() would stop a dataset profiler it never made
     if getattr(prof, "_md_profiler", True) is None:
         prof._data_process = False
@@ -230,7 +230,11 @@ def profile_compiled(overrides, root, steps):
         prof.analyse()
         mindspore.set_context(mode=mode)
     rows = _ms_kernels(folder)
-    for kind, (begin, end, wall) in windows.items():
+    # MindSpore 2.7 stamps kernels with the wall clock (ns since the epoch), 2.0 with the monotonic clock
+    epoch = bool(rows) and min(t for _, _, t, _ in rows) > 10 ** 18
+    for kind, (begin, end, begin_mono, end_mono, wall) in windows.items():
+        if not epoch:
+            begin, end = begin_mono, end_mono
         inside = [(name, kind_, ms) for name, kind_, t, ms in rows if begin <= t <= end]
         kernels = [(kind_, name.startswith("Gradients/"), ms) for name, kind_, ms in inside]
         result[kind] = {"wall_s": wall, "kernel_ms": sum(k[2] for k in kernels) / steps,
