@@ -21,7 +21,7 @@ own.
     python bench/train_step.py [--sizes demo,full-b8,full] [--repeats 3] [--stacks ms27,msadapter]
         [--memory-level O1] [--variants mindspore-compiled,torch] [--basic-only] [--max-rss-gb 16]
         [--batch-forwards] [--separate-graphs] [--caller-thread] [--malloc-defaults] [--gpu]
-        [--network resnet50_ibn_a] [--meta-parts]
+        [--network resnet50_ibn_a] [--meta-parts] [--rounds 3]
 
 --network resnet50_ibn_a / resnet50 times the Baseline meta-architecture on that backbone instead of ACL (basic
 steps only: the Baseline has no meta steps), to tell what ACL's CODE blocks add to a step's time and memory.
@@ -36,6 +36,11 @@ without MindSpore, e.g. `REID_BACKEND=torch python bench/train_step.py --gpu --v
 fast-weight steps, writing θ' into the parameters, the meta-test step function, restoring θ, the meta SGD, the
 rest), each part waited for at both ends, and prints a table per size: where two stacks' meta steps differ.
 
+--rounds N runs every variant's process N times, round-robin (the order rotated each round), and reports each
+figure as the median over the rounds, plus each variant's step times round by round and, per compiled MindSpore
+variant, the median and range of the ratios taken within each round: the host's speed drifts between processes
+by more than the stacks differ, and processes run close together share that drift.
+
 For each compiled MindSpore variant a ratios line gives its basic and meta steps against torch eager and
 against MSAdapter's compiled steps (`msadapter-compiled`, when it ran), and its peak resident memory against
 torch's. Each compiled graph's build line is printed (compat.jit: seconds, resident memory it added and what was
@@ -49,6 +54,8 @@ the machines this was written on have 24 GiB, shared), reported as "exceeds N GB
 import os
 import sys
 import tempfile
+
+import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -225,6 +232,9 @@ def _options(parser):
     parser.add_argument("--meta-parts", action="store_true", help="also time the meta step part by part (the "
                         "meta-train and meta-test step functions, fast weights, swap-in, restore, meta SGD, the "
                         "rest): --repeats more meta steps per variant, a table per size")
+    parser.add_argument("--rounds", type=int, default=1, help="run every variant's process this many times, "
+                        "round-robin in an order rotated each round, and report medians over the rounds and the "
+                        "median of each round's own ratios (default 1)")
     parser.add_argument("--max-rss-gb", type=float, default=16.0, help="kill a run whose resident memory exceeds "
                         "this (default 16; 0: no watchdog); it is reported as 'exceeds N GB'")
 
@@ -241,6 +251,53 @@ def _print_meta_parts(size, got):
 
 
 LEGACY_COMPILED = "msadapter-compiled"   # the reference of the compiled steps' other ratio
+
+
+def combine_rounds(rounds, labels):
+    """One result per label from several rounds of `measure` results ({label: result} each): every number the
+    median over the rounds (the meta parts part by part), the rest (layer, build lines) the first round's. A
+    variant killed in any round is reported killed (its largest reading)."""
+    combined = {}
+    for label in labels:
+        runs = [r[label] for r in rounds if label in r]
+        killed = [run for run in runs if "killed_above_mb" in run]
+        if killed:
+            combined[label] = max(killed, key=lambda run: run["peak_rss_mb"])
+            continue
+        result = dict(runs[0])
+        for key, value in runs[0].items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                result[key] = float(np.median([run[key] for run in runs]))
+        if "meta_parts" in result:
+            result["meta_parts"] = {part: float(np.median([run["meta_parts"][part] for run in runs]))
+                                    for part in result["meta_parts"]}
+        combined[label] = result
+    return combined
+
+
+def _print_rounds(size, rounds, steps):
+    """--rounds: each variant's step times round by round, and for each compiled MindSpore variant the median
+    (and range) of the ratios taken within each round, against torch and MSAdapter's compiled steps: processes
+    run close together share the host's state, so a drift between rounds cancels in these."""
+    labels = [label for label in rounds[0]]
+    for label in labels:
+        print("%-7s rounds %s: %s" % (size, label, "; ".join(
+            "%s %s s" % (step, " / ".join("%.2f" % r[label][step] if step in r.get(label, {}) else "-"
+                                          for r in rounds)) for step in steps)), flush=True)
+    for label in labels:
+        if "-compiled" not in label:
+            continue
+        parts = []
+        for reference in ("torch", LEGACY_COMPILED):
+            if reference == label or any(reference not in r or step not in r[reference] for r in rounds
+                                         for step in steps):
+                continue
+            for step in steps:
+                ratios = [r[label][step] / r[reference][step] for r in rounds if step in r.get(label, {})]
+                if ratios:
+                    parts.append("%s %.2fx %s (%.2f-%.2f)" % (step, float(np.median(ratios)), reference,
+                                                            min(ratios), max(ratios)))
+        print("%-7s per-round ratios %s: %s" % (size, label, "; ".join(parts)), flush=True)
 
 
 def _print_ratios(size, got, steps):
@@ -299,11 +356,20 @@ def main():
         layers = {}
         for size in args.sizes.split(","):
             spec = dict(common, overrides=SIZES[size] + network, root=root, repeats=args.repeats)
-            got = {label: run_isolated(v[0], "bench.train_step:measure",
-                                       dict(spec, **{k: x for k, x in v[1].items() if k != "environ"}),
-                                       python=v[2], max_rss_mb=args.max_rss_gb * 1024 if args.max_rss_gb else None,
-                                       environ=v[1].get("environ"))
-                   for label, v in variants.items()}
+            rounds = []
+            for index in range(max(1, args.rounds)):
+                labels = list(variants)
+                labels = labels[index % len(labels):] + labels[:index % len(labels)]
+                if args.rounds > 1:
+                    print("%-7s round %d of %d: %s" % (size, index + 1, args.rounds, ", ".join(labels)), flush=True)
+                rounds.append({label: run_isolated(variants[label][0], "bench.train_step:measure",
+                                                   dict(spec, **{k: x for k, x in variants[label][1].items()
+                                                                 if k != "environ"}),
+                                                   python=variants[label][2], max_rss_mb=args.max_rss_gb * 1024
+                                                   if args.max_rss_gb else None,
+                                                   environ=variants[label][1].get("environ"))
+                               for label in labels})
+            got = combine_rounds(rounds, list(variants))
             killed = {label for label in got if "killed_above_mb" in got[label]}
             for label in sorted(killed):
                 print("%-7s %s: exceeds %.0f GB resident memory (killed at %.0f MB)" % (
@@ -329,6 +395,8 @@ def main():
                                           got[label]["peak_rss_mb"] / tr["peak_rss_mb"])
                 for label in timed), tr["peak_rss_mb"]), flush=True)
             _print_ratios(size, got, ("basic",) if basic_only else ("basic", "meta"))
+            if len(rounds) > 1:
+                _print_rounds(size, rounds, ("basic",) if basic_only else ("basic", "meta"))
             print("%-7s peak RSS after the first basic step   %s   torch %7.0f MB" % (size, "   ".join(
                 "%s %7.0f MB" % (label, got[label]["peak_rss_basic_mb"]) for label in timed),
                 tr["peak_rss_basic_mb"]), flush=True)
