@@ -277,8 +277,9 @@ def combine_rounds(rounds, labels):
 
 def _print_rounds(size, rounds, steps):
     """--rounds: each variant's step times round by round, and for each compiled MindSpore variant the median
-    (and range) of the ratios taken within each round, against torch and MSAdapter's compiled steps: processes
-    run close together share the host's state, so a drift between rounds cancels in these."""
+    (and range) of the ratios taken within each round, its steps against torch and MSAdapter's compiled steps
+    and its peak resident memory against torch's: processes run close together share the host's state, so a
+    drift between rounds cancels in these."""
     labels = [label for label in rounds[0]]
     for label in labels:
         print("%-7s rounds %s: %s" % (size, label, "; ".join(
@@ -297,6 +298,10 @@ def _print_rounds(size, rounds, steps):
                 if ratios:
                     parts.append("%s %.2fx %s (%.2f-%.2f)" % (step, float(np.median(ratios)), reference,
                                                             min(ratios), max(ratios)))
+        if all("torch" in r and "peak_rss_mb" in r["torch"] for r in rounds):
+            ratios = [r[label]["peak_rss_mb"] / r["torch"]["peak_rss_mb"] for r in rounds
+                      if "peak_rss_mb" in r.get(label, {})]
+            parts.append("peak RSS %.2fx torch (%.2f-%.2f)" % (float(np.median(ratios)), min(ratios), max(ratios)))
         print("%-7s per-round ratios %s: %s" % (size, label, "; ".join(parts)), flush=True)
 
 
