@@ -20,7 +20,7 @@ own.
 
     python bench/train_step.py [--sizes demo,full-b8,full] [--repeats 3] [--stacks ms27,msadapter]
         [--memory-level O1] [--variants mindspore-compiled,torch] [--basic-only] [--max-rss-gb 16]
-        [--batch-forwards] [--separate-graphs] [--caller-thread] [--malloc-defaults] [--gpu]
+        [--batch-forwards] [--separate-graphs] [--caller-thread] [--inter-op 1] [--malloc-defaults] [--gpu]
         [--network resnet50_ibn_a] [--meta-parts] [--rounds 3]
 
 --network resnet50_ibn_a / resnet50 times the Baseline meta-architecture on that backbone instead of ACL (basic
@@ -96,7 +96,7 @@ def warm_up(trainer, max_meta_steps=30):
 
 
 def measure(overrides, root, repeats, jit=False, memory_level=None, steps=("basic", "meta"), chunk_forwards=True,
-            device="cpu", shared_graph=True, helper_thread=True, config="acl.yml", meta_parts=False):
+            device="cpu", shared_graph=True, helper_thread=True, config="acl.yml", meta_parts=False, inter_op=None):
     """Seconds per step (median of `repeats`) after the warm-up, the warm-up's seconds, and the peak resident
     memory after the first basic step alone (compiled: one graph) as well as at the end (the runner adds it).
     `memory_level`: MindSpore's memory_optimize_level; `steps`: ("basic",) times basic steps only and warms
@@ -105,7 +105,8 @@ def measure(overrides, root, repeats, jit=False, memory_level=None, steps=("basi
     MODEL.JIT_HELPER_THREAD (compiled: built graphs run on compat.jit's low-priority helper thread); `device`:
     MODEL.DEVICE (gpu: each timed step ends with a CUDA synchronisation, and the peak GPU memory of the timed steps
     is added); `config`: the file under configs/synthetic the overrides apply to; `meta_parts`: after the timed
-    steps, `repeats` more meta steps timed part by part (`time_meta_parts`)."""
+    steps, `repeats` more meta steps timed part by part (`time_meta_parts`); `inter_op`: MindSpore's
+    inter_op_parallel_num for the graphs (set after the trainer's own setting, before any graph is built)."""
     import time
 
     import compat
@@ -125,6 +126,9 @@ def measure(overrides, root, repeats, jit=False, memory_level=None, steps=("basi
                                          "MODEL.JIT_HELPER_THREAD", str(bool(helper_thread))])
     compat.jit.set_helper_thread(cfg.MODEL.JIT_HELPER_THREAD)   # what train.py's configure_runtime does
     trainer = Trainer(cfg, quiet=True)
+    if inter_op is not None:
+        import mindspore
+        mindspore.set_context(inter_op_parallel_num=int(inter_op))
     trainer.iter = 1
     start = time.perf_counter()
     trainer.basic_step()
@@ -224,6 +228,9 @@ def _options(parser):
                         "step kind (MODEL.JIT_SHARED_GRAPH False), label *-compiled-separate")
     parser.add_argument("--caller-thread", action="store_true", help="also time compiled steps whose graphs run on "
                         "the calling thread (MODEL.JIT_HELPER_THREAD False), label *-compiled-caller")
+    parser.add_argument("--inter-op", type=int, default=None, help="also time compiled steps whose graphs run "
+                        "with MindSpore's inter_op_parallel_num N (how many kernels run side by side; 1: one at a "
+                        "time), label *-compiled-interopN")
     parser.add_argument("--malloc-defaults", action="store_true", help="also time steps op by op and compiled "
                         "under glibc malloc's defaults (REID_MALLOC_TUNING=0: compat/allocator.py's settings off), "
                         "labels *-glibc, *-compiled-glibc")
@@ -335,6 +342,8 @@ def main():
             extra["-compiled-separate"] = dict(compiled, shared_graph=False)
         if args.caller_thread:
             extra["-compiled-caller"] = dict(compiled, helper_thread=False)
+        if args.inter_op is not None:
+            extra["-compiled-interop%d" % args.inter_op] = dict(compiled, inter_op=args.inter_op)
         if args.malloc_defaults:
             extra["-glibc"] = {"environ": {"REID_MALLOC_TUNING": "0"}}
             extra["-compiled-glibc"] = dict(compiled, environ={"REID_MALLOC_TUNING": "0"})
