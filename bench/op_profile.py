@@ -251,9 +251,10 @@ def profile_compiled(overrides, root, steps):
     for kind, (begin, end, begin_mono, end_mono, wall) in windows.items():
         if not epoch:
             begin, end = begin_mono, end_mono
-        inside = [(name, kind_, ms) for name, kind_, t, ms in rows if begin <= t <= end]
+        window = [row for row in rows if begin <= row[2] <= end]
+        inside = [(name, kind_, ms) for name, kind_, _, ms in window]
         kernels = [(kind_, name.startswith("Gradients/"), ms) for name, kind_, ms in inside]
-        busy = _busy_ms([(t, ms) for _, _, t, ms in rows if begin <= t <= end])
+        busy = _busy_ms([(t, ms) for _, _, t, ms in window])
         result[kind] = {"wall_s": wall, "kernel_ms": sum(k[2] for k in kernels) / steps, "busy_ms": busy / steps,
                         "ops": _op_table(kernels, steps), "scopes": _scope_table(inside, steps)}
     return result

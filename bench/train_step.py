@@ -287,7 +287,7 @@ def _print_rounds(size, rounds, steps):
     (and range) of the ratios taken within each round, its steps against torch and MSAdapter's compiled steps
     and its peak resident memory against torch's: processes run close together share the host's state, so a
     drift between rounds cancels in these."""
-    labels = [label for label in rounds[0]]
+    labels = list(rounds[0])
     for label in labels:
         print("%-7s rounds %s: %s" % (size, label, "; ".join(
             "%s %s s" % (step, " / ".join("%.2f" % r[label][step] if step in r.get(label, {}) else "-"
