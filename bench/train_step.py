@@ -368,6 +368,14 @@ def main():
         ensure_synthetic(os.path.join(root, "synthetic"), seed=0, num_ids=80, domains=["SynthA", "SynthB", "SynthC"],
                          progress=False)
         layers = {}
+        max_rss_mb = args.max_rss_gb * 1024 if args.max_rss_gb else None
+
+        def run_variant(label, spec):
+            """`measure(**spec)` with the variant's own settings, in a fresh process of its environment."""
+            backend, kwargs, python = variants[label]
+            return run_isolated(backend, "bench.train_step:measure",
+                                dict(spec, **{k: x for k, x in kwargs.items() if k != "environ"}),
+                                python=python, max_rss_mb=max_rss_mb, environ=kwargs.get("environ"))
         for size in args.sizes.split(","):
             spec = dict(common, overrides=SIZES[size] + network, root=root, repeats=args.repeats)
             rounds = []
@@ -376,13 +384,7 @@ def main():
                 labels = labels[index % len(labels):] + labels[:index % len(labels)]
                 if args.rounds > 1:
                     print("%-7s round %d of %d: %s" % (size, index + 1, args.rounds, ", ".join(labels)), flush=True)
-                rounds.append({label: run_isolated(variants[label][0], "bench.train_step:measure",
-                                                   dict(spec, **{k: x for k, x in variants[label][1].items()
-                                                                 if k != "environ"}),
-                                                   python=variants[label][2], max_rss_mb=args.max_rss_gb * 1024
-                                                   if args.max_rss_gb else None,
-                                                   environ=variants[label][1].get("environ"))
-                               for label in labels})
+                rounds.append({label: run_variant(label, spec) for label in labels})
             got = combine_rounds(rounds, list(variants))
             killed = {label for label in got if "killed_above_mb" in got[label]}
             for label in sorted(killed):
