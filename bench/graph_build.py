@@ -96,7 +96,7 @@ def main():
         if which == "eval":
             got = run_isolated("mindspore", "bench.graph_build:eval_graph",
                                {"repeats": args.repeats, "jit_level": args.jit_level})
-            print("eval   built in %.1f s; resident MB before / after build / after release: %s; peak %.0f MB; "
+            print("eval   built in %.1f s; resident MB before / after build: %s; peak %.0f MB; "
                   "call %.3f s (batch 64)" % (got["build_s"], " / ".join("%.0f" % m for m in got["memory"] if m),
                                               got["peak_rss_mb"], got["call_s"]), flush=True)
         elif which in ("basic", "steps"):

@@ -1,7 +1,7 @@
 """Inference speed (images/s) of the ACL network's eval forward through every engine, measured in one run (one
 environment after the other, so they never share the CPU):
 
-  MindSpore env: eager (MSAdapter, op by op), compiled (test.py's TEST.JIT graph, what the API's "compiled"
+  MindSpore env: eager (op by op), compiled (test.py's TEST.JIT graph, what the API's "compiled"
                  engine runs), its MINDIR file (GraphCell), its ONNX file (onnxruntime)
   torch env:     eager, its ONNX file (onnxruntime)
   both:          the Python API's default engine (reid.deploy.FeatureExtractor, engine auto, given the config
@@ -39,7 +39,7 @@ ENGINES = {"mindspore": ("eager", "compiled", "mindir", "api", "onnx"), "torch":
 LABELS = {"eager": "eager", "compiled": "compiled (TEST.JIT graph)", "mindir": "MINDIR file (GraphCell)",
           "onnx": "ONNX file (onnxruntime)"}
 # A process whose resident memory passes this is stopped and its row says so (a MINDIR GraphCell of the full
-# network at batch 32 passed it on MindSpore 2.0); the machine's other jobs keep their memory
+# network at batch 32 can pass it); the machine's other jobs keep their memory
 MAX_RSS_MB = 12000
 
 

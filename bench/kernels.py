@@ -3,10 +3,10 @@ under MindSpore's own Profiler against torch's eager basic step under torch.prof
 its environment, one after the other (they never share the CPU). Prints, per kernel family, calls and
 milliseconds per step on each side and the time ratio, then each side's totals.
 
-    python bench/kernels.py [--sizes demo] [--steps 5] [--stacks ms27,msadapter] [--op-by-op]
+    python bench/kernels.py [--sizes demo] [--steps 5] [--stacks ms27] [--op-by-op]
 
 --op-by-op profiles op-by-op steps (MODEL.JIT False) instead of compiled ones on the MindSpore side (torch runs
-eagerly either way). MindSpore's profiler after 2.0 (seen on 2.6) counts a kernel from its launch to its end,
+eagerly either way). MindSpore's profiler counts a kernel from its launch to its end,
 waits included: its kernel milliseconds add up to several times the step's wall time there, so compare its
 families with each other, and the stacks by bench/train_step.py's step times.
 
@@ -73,11 +73,11 @@ def profile_mindspore(overrides, root, steps, jit=True):
     try:
         profiler.analyse()
     except RuntimeError as exc:
-        # MindSpore 2.0 writes its CPU operator tables, then refuses the timeline of a PyNative-mode process
-        # (ours: the compiled steps are graphs called from it); the tables are what this reads
+        # a profiler that writes its CPU operator tables, then refuses the timeline of a PyNative-mode process
+        # (ours: the compiled steps are graphs called from it): the tables are what this reads
         if "Pynative" not in str(exc):
             raise
-    # MindSpore 2.0 writes profiler/cpu_op_type_info_*.csv, later releases <run folder>/FRAMEWORK/cpu_op_type_info_*.csv
+    # MindSpore writes <run folder>/FRAMEWORK/cpu_op_type_info_*.csv (older releases profiler/cpu_op_type_info_*.csv)
     table = glob.glob(os.path.join(out, "**", "cpu_op_type_info_*.csv"), recursive=True)
     if not table:
         raise RuntimeError("MindSpore's profiler wrote no operator table under %s" % out)

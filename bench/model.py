@@ -11,9 +11,9 @@ demo size (configs/synthetic/acl.yml: BASE_WIDTH 8, DEPTH 26x, 64x32, batch 64, 
 Forwards that need no gradient run without gradient recording on both sides (torch under no_grad), so like is
 timed against like. Times are medians of --repeats calls after one warm-up call (which builds the graph).
 
-    python bench/model.py [--sizes demo,full] [--repeats 3] [--eval-only] [--threads N] [--stacks ms27,msadapter]
+    python bench/model.py [--sizes demo,full] [--repeats 3] [--eval-only] [--threads N] [--stacks ms27]
 
-`--stacks ms27,msadapter` times both MindSpore stacks (.venv, .venv-msadapter) against torch in one run.
+`--stacks ms27` times the MindSpore stack of .venv against torch from any interpreter.
 
 Run it from either environment; the other backend runs in its own virtual environment (tests/crossenv.py).
 """
@@ -117,7 +117,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--eval-only", action="store_true", help="only the eval-forward rows")
     parser.add_argument("--threads", type=int, default=0, help="kernel threads of both frameworks (0: defaults)")
-    parser.add_argument("--stacks", default="", help="MindSpore stacks to time: ms27,msadapter (default: "
+    parser.add_argument("--stacks", default="", help="MindSpore stacks to time: ms27 (default: "
                         "this environment's)")
     args = parser.parse_args()
     # per MindSpore stack: op by op and compiled; torch last

@@ -2,14 +2,14 @@
 for reference): op-by-op basic steps (MODEL.JIT False) of the demo network through the real Trainer, each stack
 in a fresh process of its environment, one after the other.
 
-    python bench/op_profile.py [--stacks ms27,msadapter] [--steps 4] [--top 12]
+    python bench/op_profile.py [--stacks ms27] [--steps 4] [--top 12]
 
 Per stack: the seconds per step without a profiler (median of --steps), then the same steps under cProfile, each
 function's own time given to the layer its file belongs to:
 
   reid            the network, losses, trainer (ours)
   compat          the adaptation layer (ours)
-  torch-API layer msadapter / mindtorch's Python (argument handling, its Tensor wrapping)
+  torch-API layer mindtorch's Python (argument handling, its Tensor wrapping)
   MindSpore       MindSpore's Python (op wrappers, executor calls, tensor classes) and the native work its
                   executor objects do when called (cProfile sees no separate entry for those: op dispatch, the
                   backward pass of the differentiated call, kernels launched synchronously)
@@ -35,7 +35,7 @@ are other names: its top list follows). Kernels on MindSpore's side-by-side thre
 sum can exceed the wall time; for MindSpore a line gives the time with at least one kernel running (the union
 of the kernels' intervals).
 
-    python bench/op_profile.py --compiled --sizes full --stacks msadapter,ms27 [--steps 1] [--top 25]
+    python bench/op_profile.py --compiled --sizes full --stacks ms27 [--steps 1] [--top 25]
 """
 import cProfile
 import json
@@ -59,7 +59,7 @@ def _layer(filename):
     path = filename.replace("\\", "/")
     if path.startswith("~") or path.startswith("<built-in") or path.startswith("{"):
         return "native calls"
-    if "/site-packages/msadapter/" in path or "/site-packages/mindtorch/" in path:
+    if "/site-packages/mindtorch/" in path:
         return "torch-API layer"
     if "/site-packages/mindspore/" in path:
         return "MindSpore"
@@ -234,11 +234,11 @@ def profile_compiled(overrides, root, steps):
         for _ in range(steps):
             call()
         windows[kind] = (begin, time.time_ns(), begin_mono, time.monotonic_ns(), (time.perf_counter() - start) / steps)
-    # MindSpore 2.0 on CPU: stop() would stop a dataset profiler it never made
+    # a CPU profiler without a dataset profiler: stop() would stop one it never made
     if getattr(prof, "_md_profiler", True) is None:
         prof._data_process = False
     prof.stop()
-    if not _ms_kernels(folder):  # MindSpore 2.0 writes its raw timing in analyse()
+    if not _ms_kernels(folder):  # no raw timing written by stop(): analyse() writes it
         import mindspore
         mode = mindspore.get_context("mode")
         # its CPU analysis refuses PyNative mode (where the graphs ran, as jit)
@@ -246,7 +246,7 @@ def profile_compiled(overrides, root, steps):
         prof.analyse()
         mindspore.set_context(mode=mode)
     rows = _ms_kernels(folder)
-    # MindSpore 2.7 stamps kernels with the wall clock (ns since the epoch), 2.0 with the monotonic clock
+    # MindSpore 2.7 stamps kernels with the wall clock (ns since the epoch), older releases with the monotonic clock
     epoch = bool(rows) and min(t for _, _, t, _ in rows) > 10 ** 18
     for kind, (begin, end, begin_mono, end_mono, wall) in windows.items():
         if not epoch:
@@ -307,7 +307,7 @@ def main():
                             "JSON file as they arrive")
     args = size_args(__doc__, SIZES, default="demo", extra=extra)
     from reid.data.synthetic import ensure_synthetic
-    variants = stack_variants(args.stacks or "ms27,msadapter")
+    variants = stack_variants(args.stacks or "ms27")
     with tempfile.TemporaryDirectory(prefix="bench-op-profile-") as root:
         ensure_synthetic(os.path.join(root, "synthetic"), seed=0, num_ids=80, domains=["SynthA", "SynthB", "SynthC"],
                          progress=False)

@@ -21,9 +21,11 @@ def median_seconds(named_calls, repeats):
 
 
 # The MindSpore stacks by their environment (docs/install.md): `--stacks` times each against torch in
-# one run. Without it the MindSpore side is the interpreter running the benchmark when it has MindSpore (so
-# the legacy stack from .venv-msadapter), else .venv (the default stack).
-STACK_ENVS = {"ms27": ".venv", "msadapter": ".venv-msadapter"}
+# one run (one stack today; a second torch-API layer would add its environment here). Without it the MindSpore
+# side is the interpreter running the benchmark when it has MindSpore, else .venv (the default stack).
+STACK_ENVS = {"ms27": ".venv"}
+RETIRED_STACKS = {"msadapter": "the legacy msadapter stack (MindSpore 2.0 + MSAdapter 0.1.0, Python 3.9) was retired; "
+                               "use the default stack: --stacks ms27 (.venv)"}
 
 
 def size_args(doc, sizes, default=None, extra=None):
@@ -39,6 +41,9 @@ def size_args(doc, sizes, default=None, extra=None):
                         "torch in this one run: %s (default: the MindSpore side of tests/crossenv.py)"
                         % ", ".join(STACK_ENVS))
     args = parser.parse_args()
+    retired = [RETIRED_STACKS[s] for s in args.stacks.split(",") if s in RETIRED_STACKS]
+    if retired:
+        parser.error(retired[0])
     unknown = [s for s in args.stacks.split(",") if s and s not in STACK_ENVS]
     if unknown:
         parser.error("unknown stack %s; use %s" % (", ".join(unknown), ", ".join(STACK_ENVS)))

@@ -18,7 +18,7 @@ steps until every source domain has been the meta-test domain once, so that no s
 compiled graphs' build). Each side runs in a fresh process, so the peak resident memory printed is that variant's
 own.
 
-    python bench/train_step.py [--sizes demo,full-b8,full] [--repeats 3] [--stacks ms27,msadapter]
+    python bench/train_step.py [--sizes demo,full-b8,full] [--repeats 3] [--stacks ms27]
         [--memory-level O1] [--variants mindspore-compiled,torch] [--basic-only] [--max-rss-gb 16]
         [--batch-forwards] [--separate-graphs] [--caller-thread] [--inter-op 1] [--malloc-defaults] [--gpu]
         [--network resnet50_ibn_a] [--meta-parts] [--rounds 3]
@@ -41,14 +41,13 @@ figure as the median over the rounds, plus each variant's step times round by ro
 variant, the median and range of the ratios taken within each round: the host's speed drifts between processes
 by more than the stacks differ, and processes run close together share that drift.
 
-For each compiled MindSpore variant a ratios line gives its basic and meta steps against torch eager and
-against MSAdapter's compiled steps (`msadapter-compiled`, when it ran), and its peak resident memory against
-torch's. Each compiled graph's build line is printed (compat.jit: seconds, resident memory it added and what was
-left after releasing the build's leftovers, and the process's new peak where the build or first call set
-one). Besides each variant's peak resident memory (the whole run's, graph builds included), the peak after
-its first basic step is printed (compiled: after building one graph, the basic step's), the resident memory
-after the warm-up, and the peak of the timed steps alone (the high-water mark is reset after the warm-up: no
-graph is built then). A watchdog kills a run whose resident memory exceeds `--max-rss-gb` (default 16 GB:
+For each compiled MindSpore variant a ratios line gives its basic and meta steps against torch eager, and its peak
+resident memory against torch's. Each compiled graph's build line is printed (compat.jit: seconds, resident memory it
+added, and the process's new peak where the build or first call set one). Besides each variant's peak resident memory
+(the whole run's, graph builds included), the peak after its first basic step is printed (compiled: after building
+one graph, the basic step's), the resident memory after the warm-up, and the peak of the timed steps alone (the
+high-water mark is reset after the warm-up: no graph is built then). A watchdog kills a run whose resident memory
+exceeds `--max-rss-gb` (default 16 GB:
 the machines this was written on have 24 GiB, shared), reported as "exceeds N GB".
 """
 import os
@@ -257,9 +256,6 @@ def _print_meta_parts(size, got):
                                                           for label in labels)), flush=True)
 
 
-LEGACY_COMPILED = "msadapter-compiled"   # the reference of the compiled steps' other ratio
-
-
 def combine_rounds(rounds, labels):
     """One result per label from several rounds of `measure` results ({label: result} each): every number the
     median over the rounds (the meta parts part by part), the rest (layer, build lines) the first round's. A
@@ -284,9 +280,8 @@ def combine_rounds(rounds, labels):
 
 def _print_rounds(size, rounds, steps):
     """--rounds: each variant's step times round by round, and for each compiled MindSpore variant the median
-    (and range) of the ratios taken within each round, its steps against torch and MSAdapter's compiled steps
-    and its peak resident memory against torch's: processes run close together share the host's state, so a
-    drift between rounds cancels in these."""
+    (and range) of the ratios taken within each round, its steps against torch and its peak resident memory against
+    torch's: processes run close together share the host's state, so a drift between rounds cancels in these."""
     labels = list(rounds[0])
     for label in labels:
         print("%-7s rounds %s: %s" % (size, label, "; ".join(
@@ -296,9 +291,8 @@ def _print_rounds(size, rounds, steps):
         if "-compiled" not in label:
             continue
         parts = []
-        for reference in ("torch", LEGACY_COMPILED):
-            if reference == label or any(reference not in r or step not in r[reference] for r in rounds
-                                         for step in steps):
+        for reference in ("torch",):
+            if any(reference not in r or step not in r[reference] for r in rounds for step in steps):
                 continue
             for step in steps:
                 ratios = [r[label][step] / r[reference][step] for r in rounds if step in r.get(label, {})]
@@ -313,18 +307,14 @@ def _print_rounds(size, rounds, steps):
 
 
 def _print_ratios(size, got, steps):
-    """One line per compiled MindSpore variant: each step's time against torch eager and against MSAdapter's
-    compiled step (when both ran), and the whole run's peak resident memory against torch's."""
-    legacy = got.get(LEGACY_COMPILED)
+    """One line per compiled MindSpore variant: each step's time against torch eager, and the whole run's peak
+    resident memory against torch's."""
     for label in got:
         if "-compiled" not in label:
             continue
         parts = []
         for step in steps:
-            part = "%s %.2fx torch" % (step, got[label][step] / got["torch"][step])
-            if legacy is not None and label != LEGACY_COMPILED:
-                part += ", %.2fx %s" % (got[label][step] / legacy[step], LEGACY_COMPILED)
-            parts.append(part)
+            parts.append("%s %.2fx torch" % (step, got[label][step] / got["torch"][step]))
         parts.append("peak RSS %.2fx torch" % (got[label]["peak_rss_mb"] / got["torch"]["peak_rss_mb"]))
         print("%-7s ratios %s: %s" % (size, label, "; ".join(parts)), flush=True)
 

@@ -39,10 +39,10 @@ def _load():
         g = globals()
         g.update(_info=info, BACKEND=info["name"], torch=info["torch"], nn=info["nn"], F=info["F"],
                  IS_MINDSPORE=info["name"] == "mindspore",
-                 # STACK: 'torch' | 'ms27' (the default) | 'msadapter' (legacy), the Makefile's names;
+                 # STACK: 'torch' | 'ms27' (the default), the stack's name;
                  # layer: its package under compat/layers/ (None on torch); LAYER: the torch module's name
                  STACK=info["stack"], layer=info["layer_package"], LAYER=info["layer"])
-        if info["layer_package"] is not None:  # the layer's own compat.F (MSAdapter: thin ops in graphs)
+        if info["layer_package"] is not None:  # the layer's own compat.F (its `functional`)
             g["F"] = info["layer_package"].functional(info["F"])
         for name, module in _EXPORTS.items():
             # a submodule imported directly (`import compat.norm`) is still half-initialised when its own

@@ -58,7 +58,7 @@ def tuned():
 
 def give_back_free_pages(always=False):
     """Hand the heap's free pages back to the system (`malloc_trim(0)`), where the settings are on or `always`
-    (MindSpore 2.0's release of a build's leftovers, which frees them first)."""
+    (a caller that has just freed a large amount itself)."""
     libc = _libc()
     if libc is not None and (always or enabled()):
         libc.malloc_trim(0)

@@ -10,7 +10,7 @@ Parameters that the loss does not reach get a zero gradient on both backends (Mi
 from "zero"); callers that need torch's "None = skip" semantics track usage themselves.
 Side effects inside `fn` (running-statistics updates) happen exactly once per call on both backends.
 
-Speed on MindSpore 2.0 PyNative: the grad executor caches the backward graph of a differentiated function
+Speed on MindSpore PyNative: the grad executor caches the backward graph of a differentiated function
 under the function's name/qualname. When one name is seen with a different op sequence, it switches the whole
 process to its slower "dynamic shape" path for good (every later backward, of any function). So the wrapper
 below carries `fn`'s name, and callers give functions that build different graphs different names (e.g. one
@@ -106,9 +106,9 @@ def _stop_recording():
 
     MindSpore switches recording on when a differentiated call starts and off when it ends normally; an
     exception in between (an input check's UserError, a KeyboardInterrupt) leaves it on for the rest of the
-    process. Then every later compiled call is taken for part of a gradient being recorded: on MindSpore 2.0
-    the next compiled training step failed ("Jit does not support dynamic shape input yet"; tests/test_compiled.py
-    reproduces it). MindSpore's own reset after a failed compile is the same call."""
+    process. Then every later compiled call is taken for part of a gradient being recorded, and a compiled
+    training step can fail ("Jit does not support dynamic shape input yet"; tests/test_compiled.py checks the
+    reset). MindSpore's own reset after a failed compile is the same call."""
     from mindspore.common.api import _pynative_executor
     _pynative_executor.clear_res()
 
@@ -123,8 +123,8 @@ def _eager_probes():
 
 
 def _param_argument_is_an_input():
-    """True where MindSpore credits a Parameter passed as an argument of the differentiated function to that
-    argument and not to the weight (MindSpore 2.7; 2.0 credits the weight). Asked once, on one scalar."""
+    """True where MindSpore credits a Parameter passed as an argument of the differentiated function to that argument
+    and not to the weight (MindSpore 2.7 does; earlier releases credited the weight). Asked once, on one scalar."""
     if "arg" not in _PROBED:
         import mindspore
         import numpy as np

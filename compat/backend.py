@@ -1,9 +1,8 @@
 """Backend selection: the one place that decides which framework sits under the torch API.
 
 `REID_BACKEND` picks it (``mindspore``, the default, or ``torch``). Under MindSpore the torch-API layer is the
-one installed in the environment, in the order of `compat.layers.ORDER`: the ms27 stack (the top-level
-``mindtorch`` of the mindnlp 0.5.1 wheel on stable MindSpore 2.7, `.venv`, the default) or the msadapter stack
-(``msadapter.pytorch`` 0.1.0 on MindSpore 2.0.0, `.venv-msadapter`, legacy). Everything a layer needs is in its
+one installed in the environment, in the order of `compat.layers.ORDER`: today the ms27 stack (the top-level
+``mindtorch`` of the mindnlp 0.5.1 wheel on stable MindSpore 2.7, `.venv`). Everything a layer needs is in its
 package under compat/layers/; this module only calls the names every layer package has. Entry points set the
 variable from ``--backend`` before anything imports ``compat``.
 """
@@ -119,13 +118,6 @@ def is_proxy_torch(module):
     return loader.__module__.startswith("mindtorch") or where != "torch"
 
 
-def is_mindspore_2_0():
-    """Whether the framework is MindSpore 2.0 (the legacy MSAdapter stack), which compat's workarounds for 2.0
-    were written against; the default stack runs MindSpore 2.7."""
-    import mindspore
-    return mindspore.__version__.startswith("2.0.")
-
-
 def load():
     """Import the selected backend and return a dict describing it."""
     name = requested_backend()
@@ -147,15 +139,15 @@ def load():
     torch, nn, F, layer = _import_torch_api_on_mindspore()
     import mindspore
     mindspore.set_context(mode=mindspore.PYNATIVE_MODE)
-    # MSAdapter forces the 'spawn' start method when imported; its own workers then die and so do
-    # mindspore.dataset worker processes. Fork is what both loaders were written for on Linux.
+    # Fork is what the loaders (torch's and mindspore.dataset's worker processes) are written for on Linux;
+    # set it whatever the layer's import chose.
     if os.name == "posix":
         try:
             multiprocessing.set_start_method("fork", force=True)
         except RuntimeError:
             pass
     # The layer warns on every in-place op ("not encouraged"); that says nothing about correctness here.
-    warnings.filterwarnings("ignore", category=UserWarning, module=r"(msadapter|mindtorch)(\..*)?")
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"mindtorch(\..*)?")
     warnings.filterwarnings("ignore", message=r".*inplace.*", category=UserWarning)
     return dict(name=name, torch=torch, nn=nn, F=F, layer=layer.MODULE,
                 layer_version=layer.version(), stack=layer.STACK, layer_package=layer, framework="mindspore",

@@ -430,8 +430,8 @@ LoadResult = collections.namedtuple("LoadResult", "missing_keys unexpected_keys"
 def state_dict(module):
     """OrderedDict name -> numpy copy of every parameter and persistent buffer (torch names, both backends).
 
-    MSAdapter's own nn.BatchNorm* keep no `num_batches_tracked`; the project's norm layers register it as a
-    buffer, so their keys match torch exactly.
+    The project's norm layers register `num_batches_tracked` as a buffer whatever the torch-API layer's own
+    nn.BatchNorm* keep, so their keys match torch exactly.
     """
     return collections.OrderedDict((name, np.array(_c.to_numpy(value)))
                                    for name, value in module.state_dict().items())

@@ -99,9 +99,9 @@ def _ms_cell_for_arity(forward, backward, n):
     namespace = {"run_backward": run_backward, "__name__": __name__}
     exec("def bprop(self, %s, out, dout):\n    return run_backward((%s, out, dout))\n" % (names, names), namespace)
 
-    # MSAdapter's Module is a MindSpore Cell, whose `bprop` MindSpore runs; mindnlp's
-    # mindtorch (the MindSpore 2.7 stack) has a Module of its own, whose `bprop` MindSpore never sees (the
-    # gradient would be autodiff's through `forward`): there the op is a plain Cell.
+    # A layer whose Module is a MindSpore Cell has its `bprop` run by MindSpore; mindnlp's mindtorch has a
+    # Module of its own, whose `bprop` MindSpore never sees (the gradient would be autodiff's through
+    # `forward`): there the op is a plain Cell.
     import mindspore
     base = nn.Module if issubclass(nn.Module, mindspore.nn.Cell) else mindspore.nn.Cell
     cell_type = type("CustomOpCell%d" % n, (base,), {

@@ -1,8 +1,8 @@
 """Device context: `--device cpu|gpu|ascend` (MODEL.DEVICE).
 
-MindSpore has one global device: `set_context(device_target=...)` on MindSpore 2.0, `mindspore.set_device(...)`
-on 2.7 (which deprecates the context keyword, and refuses any change once an op has run, so a request for
-the device already set is not passed on). torch places each tensor, so on torch `to_device` moves modules and
+MindSpore has one global device: `mindspore.set_device(...)` (which deprecates the context keyword
+`device_target`, and refuses any change once an op has run, so a request for the device already set is not
+passed on). torch places each tensor, so on torch `to_device` moves modules and
 `as_tensor` creates tensors on the chosen device. mindnlp's mindtorch (the MindSpore 2.7 stack) also labels
 each tensor with a torch-style device ('cpu', 'cuda', 'npu') and picks its kernels by that label: there the
 layer's default device follows the choice, so tensors made afterwards (parameters of models built then,
@@ -43,9 +43,7 @@ def _set_mindspore_device(key):
     target = _MINDSPORE_TARGETS[key]
     target_before = mindspore.get_context("device_target")
     try:
-        if not hasattr(mindspore, "set_device"):  # MindSpore 2.0
-            mindspore.set_context(device_target=target)
-        elif target_before != target:
+        if target_before != target:
             mindspore.set_device(target)
     except (RuntimeError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -67,8 +65,8 @@ def torch_device():
 
 
 def synchronize():
-    """Wait until every kernel queued so far has run. MindSpore after 2.0 queues op-by-op kernels and returns at
-    once (2.0 runs them as they are called); torch on a GPU queues on its stream. Timers around a piece of work
+    """Wait until every kernel queued so far has run. MindSpore can queue op-by-op kernels and return at
+    once; torch on a GPU queues on its stream. Timers around a piece of work
     call this at both ends, or the piece's kernels are counted in whatever waits next."""
     if _c.IS_MINDSPORE:
         from mindspore.common import api

@@ -12,7 +12,7 @@ nccl on GPU, hccl on Ascend) from its dynamic-networking variables (MS_ROLE=MS_W
 MS_SCHED_HOST, MS_SCHED_PORT); one extra process with MS_ROLE=MS_SCHED (`run_scheduler`) forms the cluster.
 Without those variables (or with a world of one) every call is a no-op that returns its input.
 
-MindSpore 2.0 facts this module is built on (on CPU, workers and scheduler on one machine; tests/test_distributed.py):
+MindSpore facts this module is built on (on CPU, workers and scheduler on one machine; tests/test_distributed.py):
 - `communication.init()` refuses PyNative ("PyNative mode is not supported in dynamic networking"), but that is
   a check made by init alone: with the context switched to GRAPH_MODE for the call and back to PYNATIVE after
   it, the process trains op by op, `compat.value_and_grad` included, and `ops.AllReduce` works both op by op
@@ -103,7 +103,7 @@ class Group:
         if self.world_size == 1:
             return loss, terms, grads
         keys = list(terms)
-        # (0-d tensors go in flattened and come out indexed: MSAdapter cannot reshape a 0-d tensor)
+        # (0-d tensors go in flattened and come out indexed: one 1-d shape for every all-reduce input)
         scalars = [loss.flatten()] + [terms[k].flatten() for k in keys]
         out = self.average(scalars + list(grads))
         n = len(scalars)
@@ -163,7 +163,7 @@ class Group:
     def shutdown(self):
         if self.world_size == 1:
             return
-        if not _c.IS_MINDSPORE:  # MindSpore: process exit leaves the cluster (release() crashes 2.0 at exit)
+        if not _c.IS_MINDSPORE:  # MindSpore: process exit leaves the cluster (no release() call)
             import torch.distributed as dist
             if dist.is_initialized():
                 dist.destroy_process_group()

@@ -5,8 +5,7 @@ Formats by backend:
              torch.export-based one needs onnxscript, whose onnx/ml_dtypes releases require numpy 2),
              batch dimension dynamic.
   mindspore  MINDIR and ONNX through `mindspore.export`, which compiles the network in graph mode; the batch
-             size is fixed at export (a dynamic-batch MINDIR of this network fails to compile on 2.0.0:
-             reshapes by the batch size cannot be joined with an unknown dimension).
+             size is fixed at export (reshapes by the batch size are part of the exported graph).
 Runners, on either backend: ONNX files through onnxruntime; MINDIR files through `mindspore.load` and
 `nn.GraphCell`, MindSpore backend only.
 """
@@ -48,7 +47,7 @@ def export(net, example, path, fmt):
     example = np.ascontiguousarray(example, np.float32)
     if _c.IS_MINDSPORE:
         import mindspore
-        # mindspore.export appends the suffix itself; on 2.0 it switches JIT fallback off for the process
+        # mindspore.export appends the suffix itself; an export may switch JIT fallback off for the process
         with _c.jit.fallback_kept(), _exportable(net) as cell:
             mindspore.export(cell, mindspore.Tensor(example), file_name=path[:-len(SUFFIX[fmt])],
                              file_format=fmt.upper())
@@ -71,8 +70,8 @@ def export(net, example, path, fmt):
 
 @contextlib.contextmanager
 def _exportable(net):
-    """What `mindspore.export` is given for `net`: the network itself where its modules are MindSpore Cells
-    (MSAdapter). mindnlp's mindtorch (the ms27 stack) has modules that are no Cells, which the
+    """What `mindspore.export` is given for `net`: the network itself where its modules are MindSpore Cells.
+    mindnlp's mindtorch (the ms27 stack) has modules that are no Cells, which the
     ONNX exporter refuses ("only support nn.Cell object"), and Parameters that are no `mindspore.Parameter`,
     which the MINDIR exporter refuses ("a mindspore.Parameter that wasn't created in nn.Cell") and the ONNX
     exporter writes without their values (the file computes something else, without an error). There, for the
@@ -165,7 +164,6 @@ class CompiledRunner:
             self._call = net
 
     def run(self, images):
-        # (its graph's name holds this module's, "compat.export": on MindSpore 2.0 an export, see compat/jit.py)
         with _c.no_grad(), _c.jit.fallback_kept():
             return _c.to_numpy(self._call(_c.as_tensor(np.asarray(images, np.float32))))
 

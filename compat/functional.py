@@ -1,8 +1,8 @@
-"""Functional ops whose MSAdapter versions compute wrong gradients; torch gets its own op unchanged.
+"""Functional ops in the forms MindSpore needs (op by op, in a graph being built, in an exported file); torch gets
+its own op unchanged.
 
-normalize: MSAdapter 0.1.0's `F.normalize` takes the norm through Python's builtin `abs()` on a MindSpore
-tensor, whose gradient is missing, so d/dx treats the norm partly as a constant (forward values are right,
-gradients are not). Built here from `torch.norm`, whose gradient is correct.
+normalize: x / max(||x||, eps) from `torch.norm`, whose gradient is right on every layer, and in the forms
+MindSpore's graph compiler and ONNX writer take.
 """
 import compat as _c
 from compat.graph_mode import eager_only, exporting, in_graph
@@ -81,9 +81,9 @@ def detach(x):
 
 
 def max_pool2d_ceil(x, kernel_size, stride):
-    """F.max_pool2d(x, kernel_size, stride, ceil_mode=True) on (N, C, H, W), no padding. MSAdapter runs ceil
-    mode through a 3-D pooling kernel that also computes argmax indices, several times a plain pooling at full
-    size (docs/performance.md#kernels): on MindSpore the map is instead padded at the bottom / right
+    """F.max_pool2d(x, kernel_size, stride, ceil_mode=True) on (N, C, H, W), no padding. A torch-API layer
+    may run ceil mode through a 3-D pooling kernel that also computes argmax indices, several times a plain
+    pooling at full size: on MindSpore the map is instead padded at the bottom / right
     with -inf up to the size whose floor-mode pooling has the ceil-mode output size, then pooled by the plain
     kernel. Same windows, same maxima (torch's rule that the last window starts inside the input holds: at most
     stride - 1 rows / columns are added)."""

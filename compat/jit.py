@@ -20,17 +20,15 @@ against op-by-op execution):
   unchanged (no error; the key is missing later), so callees return what they computed. Lists of tuples of
   tensors fail to compile in some places ("Expect tensor type"): use tuples. No `dict(key=...)`, no dict
   comprehensions, no `.detach()` (`compat.detach`), no `.eq()`;
-- MindSpore 2.0 switches its "JIT fallback" (how graphs run Python they cannot compile: dict outputs, the
-  torch-API layer's `warnings.warn`...) off for the rest of the process when it builds any graph whose name holds
-  "export" (`mindspore.export`; a compiled function whose module, name or source path holds the word), by setting
-  the process variable MS_DEV_ENABLE_FALLBACK_RUNTIME=0. Graphs built after that return a dict as a tuple or fail
-  to parse. compat/export.py builds such graphs inside `fallback_kept()`, which puts the variable back, and a
-  graph build here stops with a UserError if it finds the variable set behind the user's back;
+- a MindSpore export may switch its "JIT fallback" (how graphs run Python they cannot compile: dict outputs,
+  the torch-API layer's `warnings.warn`...) off for the rest of the process by setting the process variable
+  MS_DEV_ENABLE_FALLBACK_RUNTIME=0; graphs built after that return a dict as a tuple or fail to parse.
+  compat/export.py exports inside `fallback_kept()`, which puts the variable back, and a graph build here stops
+  with a UserError if it finds the variable set behind the user's back;
 - a tensor that is broadcast over a feature map in an elementwise op is expanded first (`w.expand_as(x) * x`,
-  not `w * x`): MindSpore 2.0's CPU kernels for broadcasting elementwise ops each keep several times their
-  output for the life of the graph, in every graph (bench/graph_memory.py, docs/performance.md#graph-memory);
-  `BroadcastTo` and same-shape kernels keep nothing. tests/test_modeling_units.py finds implicit broadcasts
-  over feature maps in the network;
+  not `w * x`): a broadcasting CPU kernel in a graph can keep several times its output for the life of the graph
+  (bench/graph_memory.py measures it), `BroadcastTo` and same-shape kernels keep nothing.
+  tests/test_modeling_units.py finds implicit broadcasts over feature maps in the network;
 - Python state (a module's dict attributes, `model.training`, globals) is read once, when the graph is built,
   and is baked into it. Callers therefore build one compiled function per configuration of that state (step
   kind, batch-norm mode) and cache it; `in_graph()` is True while a graph is
@@ -67,21 +65,16 @@ built. Graphs MindSpore cannot write to its cache (the training-step graphs: "Ca
 in MindIR") are built again without it: MODEL.JIT's graphs are therefore not given a key. The weights are
 registered with the executor `mindspore.jit` compiles with (`_graph_executor`: MindSpore 2.7 has two).
 
-Memory (MindSpore 2.0): building a graph leaves MindSpore's front end holding gigabytes, whatever the input
-size (type inference copies every called function per call site; the copies form reference cycles that only
-MindSpore's memory-recycle call frees). After a graph's first call `_Timed` frees them
-(`_release_build_memory`) and runs the graph it built directly from then on, which keeps a fraction of what
-the build added, with the same outputs (tests/test_compiled.py). The peak is still the build itself; on the
-MSAdapter layer compat.F's hot ops are MindSpore primitives inside graphs (compat/layers/msadapter/graph.py), which
-shrinks the graph and that peak (figures: docs/performance.md#build-memory).
+Memory: what a build frees stays resident in the heap's holes unless glibc is asked to hand it back, which
+`_Timed` does once per build (compat/allocator.py).
 
 The CPU kernel pool is sized to the machine's cores when compat is imported (`set_threads`; MindSpore's
 default is 30 threads whatever the machine), overridable with REID_NUM_THREADS or MODEL.NUM_THREADS.
 
 Built graphs run on a helper thread at the lowest CPU priority (`set_helper_thread`, MODEL.JIT_HELPER_THREAD),
 the calling thread asleep until the outputs are there: MindSpore's runtime spin-waits in the thread that waits
-for a graph for as long as the graph runs (MindSpore 2.0: the thread that runs it, with sched_yield; 2.7: the
-thread that next waits for its asynchronous queue, at full speed), and on a machine with few cores that thread
+for a graph for as long as the graph runs (the thread that next waits for its asynchronous queue, at full
+speed), and on a machine with few cores that thread
 takes CPU from the graph's own kernel threads (docs/performance.md#helper-thread). At nice 19 the spinning gets
 only what the kernel threads leave; the calling thread's own priority, which op-by-op work and data loading run
 at, is untouched. The first call, which builds the graph, stays on the calling thread.
@@ -96,7 +89,6 @@ import numpy as np
 
 import compat as _c
 from compat import allocator
-from compat.backend import is_mindspore_2_0
 from compat.graph_mode import (eager_only, exporting, in_graph, set_building,  # noqa: F401 (public here)
                                state_through_gradients)
 
@@ -136,7 +128,7 @@ _COMPILED_FORMS = []
 
 def _swap_forms(graph):
     """Put every registered compiled form (graph True) or the method itself (False) in place, and the torch-API
-    layer's graph forms (its `graph_forms`: compat/layers/ms27/graph.py; none on MSAdapter)."""
+    layer's graph forms (its `graph_forms`: compat/layers/ms27/graph.py)."""
     for owner, name, fn, graph_fn in _COMPILED_FORMS:
         setattr(owner, name, graph_fn if graph else fn)
     if _c.layer is not None:
@@ -180,12 +172,10 @@ def prepare(model):
         if isinstance(p, mindspore.Parameter):
             if p.name != name:
                 p.name = name
-            _materialise(p)
         elif _is_graph_weight(p):
             # mindnlp's mindtorch (ms27): its Parameter is a Tensor that graphs take for a weight by MindSpore's
             # marker and its `param_info` (named by a random uuid, and read-only through `name`)
             p.param_info.name = name
-            _materialise(p)
     _direct_construct(model)
     return model
 
@@ -194,20 +184,6 @@ def _is_graph_weight(t):
     """Whether a graph reads tensor `t` as a weight (a Parameter to MindSpore's parser) although it is not a
     `mindspore.Parameter`: the ms27 layer's Parameter class."""
     return hasattr(t, "__parameter__") and hasattr(t, "param_info")
-
-
-def _materialise(p):
-    """Write `p`'s value into it through a kernel, so that it lives where kernels put data.
-
-    MindSpore 2.0 + MSAdapter: a graph built over a Parameter that still holds only the host data it was made
-    from (a tensor from numpy, as every layer here creates its weights) keeps that data as it was when the
-    graph was built if the Parameter has at most 4 elements: later writes (optimizer steps, loading a
-    checkpoint, running statistics updated op by op) reach op-by-op code but not the graph, with no error.
-    Larger Parameters, and any Parameter that a kernel has written once, are read live. Narrow models have
-    such Parameters (the demo width's 4-channel norms in the first stage's IBN layers; tests/test_compiled.py
-    perturbs every weight after the build). MindSpore 2.7 reads them live without this write; it is made there
-    too (it costs one kernel per tensor)."""
-    _ms_ops.assign(p, _ms_ops.deepcopy(p))
 
 
 def _direct_construct(model):
@@ -231,19 +207,19 @@ def _direct_construct(model):
 
 
 def steps_supported():
-    """Whether compiled training steps (MODEL.JIT) build on this stack: on every MindSpore stack (on 2.7 through
-    `stateless_steps` and the layer's graph forms, compat/layers/ms27/graph.py)."""
+    """Whether compiled training steps (MODEL.JIT) build on this stack: on MindSpore (through `stateless_steps`
+    and the layer's graph forms, compat/layers/ms27/graph.py)."""
     return _c.IS_MINDSPORE
 
 
 def stateless_steps():
-    """Whether differentiated graphs are built free of side effects here: on MindSpore 2.7 (the default stack),
-    not on 2.0. The batch norms' running statistics then leave a training-step graph as gradients (the
-    statistics tap of `compat.norm`) and `value_and_grad` applies them after the call, and its aux dicts leave
-    as tuples: a dict output of a differentiated graph fails to build on 2.7 (`repros/ms27_defects.py
-    dict-aux`). Graphs with the batch norms' writes inside do build on 2.7 and run as fast
-    (`repros/ms27_defects.py side-effects`: docs/ms27.md#compiled-execution); compat keeps one way on it."""
-    return _c.IS_MINDSPORE and not is_mindspore_2_0()
+    """Whether differentiated graphs are built free of side effects here: on MindSpore. The batch norms' running
+    statistics then leave a training-step graph as gradients (the statistics tap of `compat.norm`) and
+    `value_and_grad` applies them after the call, and its aux dicts leave as tuples: a dict output of a
+    differentiated graph fails to build on 2.7 (`repros/ms27_defects.py dict-aux`). Graphs with the batch norms'
+    writes inside do build on 2.7 and run as fast (`repros/ms27_defects.py side-effects`:
+    docs/ms27.md#compiled-execution); compat keeps one way on it."""
+    return _c.IS_MINDSPORE
 
 
 def enabled(flag):
@@ -302,7 +278,7 @@ def set_threads(num_threads=None):
     compat with the default; MODEL.NUM_THREADS > 0 calls it again. Returns the count (None on torch, which
     keeps its own setting).
 
-    MindSpore after 2.0 (the default stack) also gets as many threads to run a graph's kernels side by side
+    MindSpore also gets as many threads to run a graph's kernels side by side
     (`inter_op_parallel_num`, at least 2): with its default some training-step graphs (the basic step's of a
     graph per step kind) ran much slower than others of the same size, the calling thread spinning while it
     waits for them (docs/ms27.md#graph-layout)."""
@@ -313,9 +289,7 @@ def set_threads(num_threads=None):
         raise _c.UserError("MODEL.NUM_THREADS must be >= 0 (0 = one per core), got %r" % (num_threads,))
     if _state["threads"] != n:
         import mindspore
-        mindspore.set_context(runtime_num_threads=n)
-        if not is_mindspore_2_0():
-            mindspore.set_context(inter_op_parallel_num=max(2, n))
+        mindspore.set_context(runtime_num_threads=n, inter_op_parallel_num=max(2, n))
         _state["threads"] = n
     return n
 
@@ -323,11 +297,11 @@ def set_threads(num_threads=None):
 def set_step_graph_layout(shared):
     """Tell the runtime how the compiled training steps are laid out before their graphs are built: `shared`,
     the basic and meta-train steps in one graph (MODEL.JIT_SHARED_GRAPH), else a graph per step kind. On
-    MindSpore after 2.0 the two layouts want opposite settings of `inter_op_parallel_num` (set_threads'
+    MindSpore the two layouts want opposite settings of `inter_op_parallel_num` (set_threads'
     side-by-side kernels): a graph per step kind runs its basic-step graph much slower without them, the shared
     graph slower with them (docs/ms27.md#graph-layout), so the shared layout goes back to MindSpore's default.
-    Nothing to do on MindSpore 2.0 or torch."""
-    if not _c.IS_MINDSPORE or is_mindspore_2_0():
+    Nothing to do on torch."""
+    if not _c.IS_MINDSPORE:
         return
     import mindspore
     n = _state["threads"] or default_threads()
@@ -349,11 +323,8 @@ def set_jit_level(level):
 
 def _jit(fn):
     import mindspore
-    _check_graph_name(fn)
     if _state.get("jit_level"):
-        if not is_mindspore_2_0():  # 2.7: a keyword of jit itself
-            return mindspore.jit(fn, jit_level=_state["jit_level"])
-        return mindspore.jit(fn, jit_config=mindspore.JitConfig(jit_level=_state["jit_level"]))
+        return mindspore.jit(fn, jit_level=_state["jit_level"])
     return mindspore.jit(fn)
 
 
@@ -449,7 +420,7 @@ def _cache_off():
 
 
 def _graph_executor():
-    """The executor `mindspore.jit` builds and loads graphs with: MindSpore 2.0 has one; 2.7 a second one for
+    """The executor `mindspore.jit` builds and loads graphs with: MindSpore 2.7 has two, the second one for
     functions compiled in PyNative mode (`JitExecutor_`, where `_run_jit_pipeline()`), which is the one whose
     registered weights a graph loaded from the cache binds to. (Registered with the first one instead, a
     loaded evaluation graph runs without them: its features are all zeros.)"""
@@ -458,12 +429,6 @@ def _graph_executor():
     if run_jit is not None and run_jit():
         return _c_expression.JitExecutor_.get_instance()
     return _c_expression.GraphExecutor_.get_instance()
-
-
-def release_supported():
-    """Whether a graph's build leftovers are released after it is built (`_release_build_memory`): only on
-    MindSpore 2.0, where a released graph is tested to give the built one's outputs."""
-    return is_mindspore_2_0()
 
 
 def resident_mb(field="VmRSS"):
@@ -475,47 +440,12 @@ def resident_mb(field="VmRSS"):
         return None
 
 
-def _release_build_memory():
-    """Free what MindSpore 2.0's front end keeps after building a graph, keeping every built graph runnable.
-
-    Type inference specialises every function the compiled Python calls, once per call site; those graph
-    copies reference each other in cycles that MindSpore frees only in its memory-recycle call (the native
-    half of `mindspore.ms_memory_recycle`, without that function's deletion of every compiled graph), along
-    with its parse, type-inference and argument-key caches. Then glibc is asked to hand the freed pages back
-    (`malloc_trim`): without it the resident size does not drop. The built graph's outputs stay the same
-    (figures: docs/performance.md#build-memory). Side effects: the argument-key cache is gone, so
-    `mindspore.jit` would build the same function again on its next call (`_Timed` calls the graph it built
-    directly instead), and MindSpore's op-by-op gradient caches start afresh."""
-    from mindspore._c_expression import _ms_memory_recycle
-    _ms_memory_recycle()
-    allocator.give_back_free_pages(always=True)  # (not glibc: the memory is free for this process, not given back)
-
-
-def _run_built(phase, args):
-    """Run the graph MindSpore built under `phase` on `args`, as `mindspore.jit`'s own call does once the
-    graph exists (its argument handling, the executor, the outputs' conversion). That call also hands the
-    outputs to the op-by-op executor, which matters only while it records a gradient around the call:
-    compiled functions here hold their gradients inside the graph (`value_and_grad`), so such a call is
-    refused rather than run without."""
-    from mindspore._c_expression import GraphExecutor_
-    from mindspore.common import api
-    if api._pynative_executor.grad_flag():
-        raise RuntimeError("compat.jit: a compiled function cannot be differentiated op by op; use "
-                           "compat.jit.value_and_grad")
-    run_args = tuple(api._get_args_for_run(None, args, {}))
-    if _state["helper_thread"]:
-        out = _helper().call(GraphExecutor_.get_instance(), run_args, phase)
-    else:
-        out = GraphExecutor_.get_instance()(run_args, phase)
-    return api._convert_python_data(out)  # the native tensors as Python (torch-API) ones, as jit's call does
-
-
 HELPER_NICE = 19
 
 
 def _run_and_wait(jitted, args):
     """`mindspore.jit`'s own call of a built graph, then a wait until its kernels are done, both on the thread
-    that calls this (the helper). After MindSpore 2.0 the call only queues the graph and returns; whichever
+    that calls this (the helper). The call only queues the graph and returns; whichever
     thread next waits for the queue (`AsyncRQueue::Wait`) spins at full speed until it is empty, so the wait
     belongs on the helper at nice 19, not in the caller's next read of an output."""
     out = jitted(*args)
@@ -582,7 +512,6 @@ def helper_thread():
 
 
 FALLBACK_VARIABLE = "MS_DEV_ENABLE_FALLBACK_RUNTIME"
-_FALLBACK_PRIMED = []
 
 
 def _c_getenv(name):
@@ -595,21 +524,6 @@ def _c_getenv(name):
     return None if value is None else value.decode()
 
 
-def _prime_fallback():
-    """Build one tiny graph that returns a dict, once per process, before the first export-named graph:
-    MindSpore 2.0 keeps some of its readings of FALLBACK_VARIABLE from the first graph that needs them, so they
-    must be taken while the variable is unset (without this, a dict built after an export and the variable's
-    restore comes back as a tensor)."""
-    if _FALLBACK_PRIMED or not is_mindspore_2_0():
-        return
-    import mindspore
-
-    def fallback_probe(t):
-        return {"t": t}
-    mindspore.jit(fallback_probe)(mindspore.Tensor(np.zeros(1, np.float32)))
-    _FALLBACK_PRIMED.append(True)
-
-
 @contextlib.contextmanager
 def fallback_kept():
     """Around code that builds export-named graphs (module docstring): FALLBACK_VARIABLE as it was before."""
@@ -617,8 +531,6 @@ def fallback_kept():
         yield
         return
     before = _c_getenv(FALLBACK_VARIABLE)
-    if before is None:
-        _prime_fallback()
     try:
         yield
     finally:
@@ -627,18 +539,6 @@ def fallback_kept():
                 os.unsetenv(FALLBACK_VARIABLE)
             else:
                 os.putenv(FALLBACK_VARIABLE, before)
-
-
-def _check_graph_name(fn):
-    """A UserError before MindSpore 2.0 would build `fn` as an export (module docstring): its graph's name is
-    made of the function's module, name and source file, so a repository under a folder named "...export..."
-    turns every graph into one."""
-    where = "%s.%s in %s" % (fn.__module__, fn.__name__, fn.__code__.co_filename)
-    if "export" in where and is_mindspore_2_0():
-        raise _c.UserError("MindSpore 2.0 would compile graph %s as a model export (its name holds 'export') and "
-                           "switch JIT fallback off for the whole process, giving wrong outputs; move the "
-                           "repository to a path without 'export', or run op by op (MODEL.JIT False TEST.JIT False)"
-                           % where)
 
 
 def _check_fallback():
@@ -658,19 +558,16 @@ def _signature(args):
 
 class _Timed:
     """Calls a mindspore.jit function; the first call builds the graph (or loads it from the compile cache)
-    and logs how long that took, the resident memory it left and the process's new peak if it set one. On
-    MindSpore 2.0 the build's leftovers are released after that first call (`_release_build_memory`; not
-    before it: MindSpore compiles the graph's kernels on its first run, which needs them) and every later
-    call runs the built graph directly (`_run_built`); after 2.0 later calls go through `mindspore.jit`'s own
-    call (`_run_and_wait`). Either runs on the helper thread unless `set_helper_thread(False)`."""
+    and logs how long that took, the resident memory it left and the process's new peak if it set one. Later
+    calls go through `mindspore.jit`'s own call (`_run_and_wait`), on the helper thread unless
+    `set_helper_thread(False)`."""
 
     def __init__(self, jitted, name, owner=None, key=None, grad=False):
         self.jitted, self.name, self.owner, self.key, self.grad = jitted, name, owner, key, grad
-        self.compile_seconds, self.compile_cpu_seconds, self.loaded, self.phase = None, None, None, None
-        # resident MB before the build, after it, after releasing its leftovers (None where not measured)
-        self.memory = (None, None, None)
-        # the input signature (shapes, dtypes) the graph was built for, and the graphs of other signatures:
-        # a built graph run directly takes any input, and gives garbage for a shape it was not built for
+        self.compile_seconds, self.compile_cpu_seconds, self.loaded = None, None, None
+        # resident MB before the build and after it (None where not measured)
+        self.memory = (None, None)
+        # the input signature (shapes, dtypes) the graph was built for, and the graphs of other signatures
         self.signature, self.others = None, {}
 
     def __call__(self, *args):
@@ -682,8 +579,6 @@ class _Timed:
                 if signature not in self.others:
                     self.others[signature] = _Timed(self.jitted, self.name, self.owner, self.key, self.grad)
                 return self.others[signature](*args)
-            if self.phase is not None:
-                return _run_built(self.phase, args)
             if _state["helper_thread"]:
                 return _helper().call(_run_and_wait, self.jitted, args)
             return self.jitted(*args)
@@ -692,7 +587,6 @@ class _Timed:
         _check_fallback()
         start, cpu_start = time.perf_counter(), time.process_time()
         rss_before, hwm_before = resident_mb(), resident_mb("VmHWM")
-        release = release_supported()
         phases_before = set(ms_compile_cache)
         folder = _cache_on(self.name, self.owner, self.key, args)
         before = _cache_files(folder) if folder else {}
@@ -713,27 +607,19 @@ class _Timed:
             if folder is not None:
                 _cache_off()
         built = set(ms_compile_cache) - phases_before
-        if built and not release:
-            # what the build freed stays resident in the heap's holes otherwise (compat/allocator.py); 2.0's
-            # release below does this after freeing more
+        if built:
+            # what the build freed stays resident in the heap's holes otherwise (compat/allocator.py)
             allocator.give_back_free_pages()
         rss_built, hwm_built = resident_mb(), resident_mb("VmHWM")
-        rss_released = None
-        if release and len(built) == 1:  # (none: MS_JIT=0 ran the Python; then nothing was built to release)
-            self.phase = built.pop()
-            _release_build_memory()
-            rss_released = resident_mb()
         self.compile_seconds = time.perf_counter() - start
         self.compile_cpu_seconds = time.process_time() - cpu_start
-        self.memory = (rss_before, rss_built, rss_released)
+        self.memory = (rss_before, rss_built)
         self.loaded = bool(folder) and bool(before) and _cache_files(folder) == before
         if log is not None:
             how = "loaded from the compile cache" if self.loaded else "compiled"
             mem = ""
             if rss_before is not None and rss_built is not None:
                 mem = "; resident memory %+.0f MB" % (rss_built - rss_before)
-                if rss_released is not None:
-                    mem += ", %+.0f MB after releasing the build's leftovers" % (rss_released - rss_before)
                 if hwm_built is not None and hwm_before is not None and hwm_built > hwm_before:
                     # the process's peak was set during this build (its type inference or first run)
                     mem += "; new peak %.0f MB during it" % hwm_built
@@ -767,16 +653,16 @@ def compiled(fn, name, owner=None, key=None):
 def value_and_grad(fn, params, name, state=()):
     """Compiled counterpart of `compat.value_and_grad`: `fn(*args)` returns a scalar loss or (loss, aux), aux a
     dict of scalars or a tuple of such dicts; the call returns (loss, aux, grads), one gradient per parameter
-    (zero where unused). On torch this is `compat.value_and_grad` (eager). Never cached: MindSpore 2.0 cannot
+    (zero where unused). On torch this is `compat.value_and_grad` (eager). Never cached: MindSpore cannot
     write these graphs to its compile cache ("Cannot export a interpret node in MindIR").
 
     `state`: the Parameters `fn` updates as module state (running statistics), in a graph built in a mode
-    that updates them. MindSpore 2.0 writes them inside the graph. Where the graph cannot hold side effects
-    (`stateless_steps`: MindSpore 2.7) the graph is built with `state_through_gradients()` True: the updates
-    come back as the gradients of these Parameters, added to them here after the call, so the caller sees
-    the same effect (`call(..., update_state=False)` drops it; `call.state_outside` says whether the update
-    is applied here or inside the graph). There, too, aux dicts leave the graph as tuples of values (a dict output of a
-    differentiated graph fails to build on 2.7) and are rebuilt here with the keys read while it was built."""
+    that updates them. Where the graph cannot hold side effects (`stateless_steps`: MindSpore) the graph is built with
+    `state_through_gradients()` True: the updates come back as the gradients of these Parameters, added to them here
+    after the call, so the caller sees the same effect (`call(..., update_state=False)` drops it;
+    `call.state_outside` says whether the update is applied here or inside the graph). There, too, aux dicts leave
+    the graph as tuples of values (a dict output of a differentiated graph fails to build on 2.7) and are rebuilt
+    here with the keys read while it was built."""
     params, state = list(params), list(state)
     if not _c.IS_MINDSPORE:
         return _c.value_and_grad(fn, params)

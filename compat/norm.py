@@ -1,9 +1,8 @@
 """Batch and instance normalisation with exact PyTorch semantics on both backends.
 
-Layer-neutral: on every MindSpore stack both ops run MindSpore's fused `ops.BatchNorm` kernel (forward and
-backward), never the layer's norms, which get these wrong (MSAdapter: a *biased* running variance,
-`F.batch_norm(training=True)` never updating the running tensors it is given, failing instance norms;
-mindnlp's mindtorch: affine and statistics swapped; each layer's table in compat/layers/), and composing the
+Layer-neutral: on MindSpore both ops run MindSpore's fused `ops.BatchNorm` kernel (forward and
+backward), never the layer's norms, which get these wrong (mindnlp's mindtorch: affine and statistics
+swapped; the layer's table in compat/layers/), and composing the
 same maths from the layer's ops costs several times more per layer (docs/performance.md#kernels). torch's
 running-statistics rule is applied on top: the kernel, given momentum 0, writes back the statistics it is given
 unchanged and returns the batch mean and variance (its 4th and 5th outputs; `probe_kernel` tells which
@@ -22,7 +21,6 @@ import numpy as np
 
 import compat as _c
 from compat.errors import UserError
-from compat.backend import is_mindspore_2_0
 from compat.graph_mode import eager_only, in_graph, state_through_gradients
 from compat.tensor import assign_
 
@@ -134,7 +132,7 @@ _MS = {}
 
 def _graph_instance_norm(x, weight, bias, eps):
     """Compiled instance norm: the same fused training kernel as op by op, on the (1, N*C, H, W) view, through
-    `_StatelessBatchNorm` (the kernel without its Parameter-only signature: a graph cannot make Parameters of
+    `_stateless_bn` (the kernel without its Parameter-only signature: a graph cannot make Parameters of
     N*C channels). Its per-(sample, channel) scale / offset are the affine tiled N times, its statistics
     inputs constants that momentum 0 writes back unchanged. Forward and gradients equal the op-by-op kernel's
     bit for bit; the reductions it replaces (two means, five full-size elementwise ops) cost several times
@@ -156,18 +154,14 @@ def _instance_shape(shape):
 
 
 def _stateless_bn(eps):
-    """The training BatchNorm kernel as a pure op (`_StatelessBatchNorm`; on MindSpore 2.7, which finds no graph
-    evaluator for a subclass of the kernel's class, the kernel's own class with its signature and side-effect
-    flag dropped on the instance: the same thing)."""
+    """The training BatchNorm kernel as a pure op: the kernel's own class with its signature and side-effect flag
+    dropped on the instance (MindSpore 2.7 finds no graph evaluator for a subclass of the kernel's class)."""
     key = ("stateless", float(eps))
     if key not in _BN_PRIMS:
-        if is_mindspore_2_0():
-            _BN_PRIMS[key] = _StatelessBatchNorm(float(eps))
-        else:
-            prim = _P.BatchNorm(is_training=True, epsilon=float(eps), momentum=0.0)
-            prim.set_signatures(tuple())
-            prim.del_prim_attr("side_effect_mem")
-            _BN_PRIMS[key] = prim
+        prim = _P.BatchNorm(is_training=True, epsilon=float(eps), momentum=0.0)
+        prim.set_signatures(tuple())
+        prim.del_prim_attr("side_effect_mem")
+        _BN_PRIMS[key] = prim
     return _BN_PRIMS[key]
 
 
@@ -195,7 +189,7 @@ def _eager_kernel_inputs(channels, weight, bias, running_mean, running_var):
 
 def _unbiased_batch_var(saved_var, x4, count):
     """The unbiased batch variance, detached, from the training kernel's 5th output. What that output holds
-    differs between MindSpore builds and devices (the biased variance on CPU in 2.0.0; other builds may save
+    differs between MindSpore builds and devices (the biased variance on some CPU builds; others may save
     the unbiased variance or an inverse standard deviation), so `probe_kernel` asks the kernel once, before
     any graph is built, and the choice below is made when the graph is built. Where the output is neither
     variance, the variance is recomputed from the input by reductions."""
@@ -392,21 +386,9 @@ if _c.IS_MINDSPORE:
     _instance_shape_c = _ops.constexpr(_instance_shape, check=False)
     _channels_c = _ops.constexpr(_channels, check=False)
     _CONCAT = _P.Concat(0)
-    # mindnlp's mindtorch (MindSpore 2.7, which dropped the primitive): its tensors are MindSpore's already
+    # mindnlp's mindtorch (MindSpore 2.7 has no such primitive): its tensors are MindSpore's already
     _TO_TORCH = getattr(_inner_ops, "convert_to_adapter_tensor", None) or _c.torch.cast_to_adapter_tensor
     from mindspore.common import dtype as _mstype
-
-    class _StatelessBatchNorm(_P.BatchNorm):
-        """MindSpore's training BatchNorm (same kernel, gradient and name) whose inputs may be plain tensors:
-        its signature demands Parameters for scale, offset and statistics because the kernel writes the
-        moving statistics. With momentum 0 it writes back what it read, so on constant statistics the op is
-        pure and the Parameter demand (and the memory side effect that orders it) is dropped."""
-        substitute_name = "BatchNorm"
-
-        def __init__(self, epsilon=1e-5):
-            super().__init__(is_training=True, epsilon=epsilon, momentum=0.0)
-            self.set_signatures(tuple())
-            self.del_prim_attr("side_effect_mem")
 
     _stateless_bn_c = _ops.constexpr(_stateless_bn, check=False)
 

@@ -1,8 +1,7 @@
 """MindSpore primitives in torch's signatures, for code MindSpore parses while it builds a graph: conv2d,
 linear, relu and softmax as one primitive each (built once per configuration in Python, outside the graph:
-one constant node per call site). Layer-neutral: they take and return MindSpore tensors and serve both
-layers' graph forms (compat/layers/ms27/graph.py, compat/layers/msadapter/graph.py) and compat's own
-compiled code.
+one constant node per call site). Layer-neutral: they take and return MindSpore tensors and serve the
+layers' graph forms (compat/layers/ms27/graph.py) and compat's own compiled code.
 """
 import compat as _c
 

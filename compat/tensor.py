@@ -37,7 +37,7 @@ def to_numpy(t):
 
 def ms_tensor(t):
     """The plain `mindspore.Tensor` behind a torch-API tensor, for MindSpore code paths that take no other
-    kind (a Cell's `bprop` results). MSAdapter's and mindnlp mindtorch's tensors are `mindspore.Tensor`s
+    kind (a Cell's `bprop` results). mindnlp mindtorch's tensors are `mindspore.Tensor`s
     already; an op output MindSpore has not yet synchronised (a `StubTensor`, where this MindSpore still has
     the class) is made a Tensor, which the grad executor takes ("Unreasonable data type" otherwise)."""
     from mindspore.common._stub_tensor import StubTensor

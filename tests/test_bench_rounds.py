@@ -33,13 +33,10 @@ def test_a_variant_killed_in_any_round_is_reported_killed():
 def test_per_round_ratios_are_taken_within_each_round(capsys):
     from bench.train_step import _print_rounds
     # the host twice as slow in round 2: every ratio within a round is the same
-    rounds = [{"ms27-compiled": _result(1.2, 3.3, 130), "msadapter-compiled": _result(1.0, 3.0, 150),
-               "torch": _result(1.0, 3.0, 100)},
-              {"ms27-compiled": _result(2.4, 6.6, 130), "msadapter-compiled": _result(2.0, 6.0, 150),
-               "torch": _result(2.0, 6.0, 100)}]
+    rounds = [{"ms27-compiled": _result(1.2, 3.3, 130), "torch": _result(1.0, 3.0, 100)},
+              {"ms27-compiled": _result(2.4, 6.6, 130), "torch": _result(2.0, 6.0, 100)}]
     _print_rounds("full", rounds, ("basic", "meta"))
     lines = capsys.readouterr().out.splitlines()
     assert "full    rounds ms27-compiled: basic 1.20 / 2.40 s; meta 3.30 / 6.60 s" in lines
     assert ("full    per-round ratios ms27-compiled: basic 1.20x torch (1.20-1.20); meta 1.10x torch (1.10-1.10); "
-            "basic 1.20x msadapter-compiled (1.20-1.20); meta 1.10x msadapter-compiled (1.10-1.10); "
             "peak RSS 1.30x torch (1.30-1.30)") in lines

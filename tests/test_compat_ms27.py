@@ -371,29 +371,3 @@ def test_devices_map_to_mindspore_2_7s_device_api(monkeypatch):
             compat.set_device(key)
     assert compat.current_device() == "cpu"
     assert float(compat.to_numpy((compat.as_tensor(np.ones(2, np.float32)) * 2).sum())) == 4.0
-
-
-@pytest.mark.parametrize("venv", [".venv-msadapter"])
-def test_checkpoints_written_here_read_on_the_other_mindspore_stacks(tmp_path, venv):
-    """A `.ckpt` (MindSpore's writer, after the layer's import) and a `.pth` (compat's) written on this stack,
-    read by MindSpore 2.0 (the legacy MSAdapter stack's) with its own loaders (real torch reads
-    `.pth` files in tests/test_compat_checkpoint.py)."""
-    _ms27()
-    python = ROOT / venv / "bin" / "python"
-    if not python.exists():
-        pytest.skip("%s is not set up (make setup-msadapter)" % venv)
-    state = {"conv.weight": np.arange(6, dtype=np.float32).reshape(2, 3), "bn.num_batches_tracked": np.array(3)}
-    compat.checkpoint.export_mindspore_ckpt(state, str(tmp_path / "m.ckpt"))
-    compat.checkpoint.save(state, str(tmp_path / "m.pth"))
-    code = ("import sys, numpy as np, mindspore, compat\n"
-            "ckpt = {k: v.asnumpy() for k, v in mindspore.load_checkpoint(sys.argv[1]).items()}\n"
-            "pth = compat.checkpoint.load(sys.argv[2])\n"
-            "for got in (ckpt, pth):\n"
-            "    assert np.array_equal(got['conv.weight'], np.arange(6).reshape(2, 3)), got\n"
-            "    assert int(got['bn.num_batches_tracked']) == 3, got\n"
-            "print(compat.LAYER, mindspore.__version__)\n")
-    proc = subprocess.run([str(python), "-c", code, str(tmp_path / "m.ckpt"), str(tmp_path / "m.pth")],
-                          cwd=str(ROOT), env=child_env(REID_BACKEND="mindspore"), capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.split()[0] == {".venv-msadapter": "msadapter.pytorch"}[venv]

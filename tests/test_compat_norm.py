@@ -139,7 +139,7 @@ def case_recorded_ops():
     original = executor.run_op_async
     calls = []
 
-    def recording(self, prim, *rest):   # MindSpore 2.0 passes (prim, args), 2.7 (prim, name, args)
+    def recording(self, prim, *rest):   # MindSpore 2.7 passes (prim, name, args)
         calls[-1].append(prim.name)
         return original(self, prim, *rest)
     executor.run_op_async = recording
@@ -153,7 +153,7 @@ def case_recorded_ops():
 
 
 def test_first_differentiated_call_records_the_same_ops_as_later_ones():
-    """MindSpore 2.0's PyNative grad executor compares each call's op sequence with the previous call's; a
+    """MindSpore's PyNative grad executor compares each call's op sequence with the previous call's; a
     difference (here: the batch-norm kernel probe, run lazily on the first training-mode batch norm) switches
     the function to its dynamic path, which rebuilds and recompiles the backward graph on every later call
     (the demo basic step was 2.4x slower). compat.value_and_grad runs the probe before the first recorded call;

@@ -68,7 +68,7 @@ def test_train_forward_and_running_statistics_compiled_equal_op_by_op(model):
         return out["features"], out["neck_feat"], out["feat_norm"], out["center_dist"], out["paths"], out["logits"][1]
     with bn_mode(model, "general"):
         got = compat.jit.compiled(train_forward, "test_train_forward")(x)
-    # both paths run the same kernels, on both MindSpore stacks (measured 0)
+    # both paths run the same kernels (measured 0)
     tol = 1e-5
     for name, value in zip(("features", "neck_feat", "feat_norm", "center_dist", "paths", "logits1"), got):
         err = _rel(compat.to_numpy(value), ref[name])
@@ -97,9 +97,9 @@ def _eval_batches():
 def test_extract_features_default_is_compiled_and_equals_op_by_op(model, tmp_path):
     """The evaluation path as train.py / test.py run it (TEST.JIT's default: compiled), with a short last batch
     (padded to one graph shape) and flip averaging, against op by op. Its graph goes into a compile cache
-    (MODEL.COMPILE_CACHE), which a fresh process then loads instead of building (same features), on both
-    MindSpore stacks: on MindSpore after 2.0, with the weights registered on the other of its two graph
-    executors (compat.jit._graph_executor), the loaded graph gave all-zero features."""
+    (MODEL.COMPILE_CACHE), which a fresh process then loads instead of building (same features): with the
+    weights registered on the other of MindSpore 2.7's two graph executors (compat.jit._graph_executor), the
+    loaded graph gave all-zero features."""
     from reid.evaluation import extract_features
     assert model.jit_eval  # TEST.JIT True by default
     batches = _eval_batches()
@@ -310,7 +310,7 @@ def test_built_graphs_run_on_the_low_priority_helper_thread():
 def test_the_caller_sleeps_while_a_built_graph_runs():
     """The wait for a built graph's kernels happens on the helper thread: the calling thread, from its call to
     reading the output, uses a small fraction of the wall time in CPU. (MindSpore spins at full speed in the
-    thread that waits for a graph; after 2.0 `mindspore.jit`'s call of a differentiated graph only queues it,
+    thread that waits for a graph; `mindspore.jit`'s call of a differentiated graph only queues it,
     and the spin came in the caller's first read of an output, taking a core from the kernels on a 2-core
     machine: about half the wall time in the caller's CPU.)"""
     import time
@@ -359,7 +359,7 @@ def test_a_compiled_function_builds_a_graph_per_input_shape():
 def test_an_error_inside_a_gradient_leaves_later_compiled_steps_intact():
     """An exception raised inside an op-by-op gradient (an input check's UserError) must not leave MindSpore
     recording: a compiled step afterwards returns its dict of terms and the right gradients. Before compat's
-    reset (compat/autograd.py `_stop_recording`), MindSpore 2.0's next compiled step here failed with "Jit does
+    reset (compat/autograd.py `_stop_recording`), a compiled step afterwards could fail with "Jit does
     not support dynamic shape input yet"."""
     from mindspore.common.api import _pynative_executor
     from compat.errors import UserError
@@ -410,13 +410,12 @@ def case_export_then_compiled(out_dir):
 
 
 def test_compiled_graphs_are_right_after_an_export(tmp_path):
-    """MindSpore 2.0 switches JIT fallback off for the rest of the process (MS_DEV_ENABLE_FALLBACK_RUNTIME=0)
-    when it builds a graph whose name holds "export": every MINDIR export, and compat/export.py's compiled runner
-    by its module's name. Graphs built afterwards returned a dict as a tuple (the compiled training steps' terms,
-    after tests/test_export.py in the suite's process) or failed to parse the torch-API layer's Python
-    ("Do not support to convert <class 'builtin_function_or_method'>"). compat/export.py puts the variable back
-    (`compat.jit.fallback_kept`). Run in a fresh process: there the export is the first graph, as in a user's
-    script that exports and then trains."""
+    """A MindSpore export may switch JIT fallback off for the rest of the process
+    (MS_DEV_ENABLE_FALLBACK_RUNTIME=0); graphs built afterwards would return a dict as a tuple or fail to parse
+    the torch-API layer's Python. compat/export.py puts the variable back (`compat.jit.fallback_kept`), and
+    compiled graphs with dict outputs built after an export and compat/export.py's compiled runner are right.
+    Run in a fresh process: there the export is the first graph, as in a user's script that exports and then
+    trains."""
     from tests.crossenv import run_cases
     got = run_cases("mindspore", [("tests.test_compiled:case_export_then_compiled", {"out_dir": str(tmp_path)})],
                     fresh=True)[0]
@@ -425,21 +424,17 @@ def test_compiled_graphs_are_right_after_an_export(tmp_path):
     assert got["terms_type"] == "dict" and got["log_p_err"] < 1e-6, got
 
 
-def test_graph_builds_refuse_a_switched_off_fallback_and_export_names():
-    """The guards of compat/jit.py: a graph build that finds JIT fallback switched off behind the user's back,
-    and a graph whose name would make MindSpore 2.0 build it as an export, stop with a one-line UserError."""
+def test_graph_builds_refuse_a_switched_off_fallback():
+    """The guard of compat/jit.py: a graph build that finds JIT fallback switched off behind the user's back (the
+    variable set in the process, not in os.environ) stops with a one-line UserError, and builds again once it is
+    back."""
     import os
 
-    import mindspore
     from compat.errors import UserError
-    if not mindspore.__version__.startswith("2.0."):
-        pytest.skip("MindSpore %s does not switch JIT fallback off for export-named graphs" % mindspore.__version__)
     x = compat.as_tensor(np.ones((2, 3), np.float32))
 
     def double(t):
         return t * 2
-    with pytest.raises(UserError, match="as a model export"):
-        compat.jit.compiled(double, "export_double")
     graph = compat.jit.compiled(double, "double_plain")
     os.putenv(compat.jit.FALLBACK_VARIABLE, "0")
     try:
@@ -450,29 +445,24 @@ def test_graph_builds_refuse_a_switched_off_fallback_and_export_names():
     np.testing.assert_allclose(compat.to_numpy(graph(x)), 2.0)
 
 
-def test_model_jit_compiles_steps_on_both_mindspore_stacks(synth_root, tmp_path):
-    """MODEL.JIT True (the default) gives the trainer compiled step functions on both MindSpore stacks (on
-    MindSpore 2.7 built without side effects: compat.jit.stateless_steps), False op-by-op ones. No step is
-    run: the trainer is only built. On 2.7 the trainer also sets the runtime's side-by-side kernels for
-    its graph layout (compat.jit.set_step_graph_layout): MindSpore's default (0) for the shared basic /
-    meta-train graph, at least 2 for a graph per step kind; on 2.0 it leaves the setting alone."""
+def test_model_jit_compiles_steps_on_mindspore(synth_root, tmp_path):
+    """MODEL.JIT True (the default) gives the trainer compiled step functions (built without side effects:
+    compat.jit.stateless_steps), False op-by-op ones. No step is run: the trainer is only built. The trainer
+    also sets the runtime's side-by-side kernels for its graph layout (compat.jit.set_step_graph_layout):
+    MindSpore's default (0) for the shared basic / meta-train graph, at least 2 for a graph per step kind."""
     import mindspore
     from reid.engine.trainer import Trainer
     from tests.test_training import _cfg
-    stateless = not mindspore.__version__.startswith("2.0.")
-    assert compat.jit.stateless_steps() is stateless
-    before = mindspore.get_context("inter_op_parallel_num") if stateless else None
+    assert compat.jit.stateless_steps() is True
+    before = mindspore.get_context("inter_op_parallel_num")
     try:
         separate = Trainer(_cfg(synth_root, str(tmp_path / "sep"), ["MODEL.JIT", "True",
                                                                       "MODEL.JIT_SHARED_GRAPH", "False"]))
         assert separate.steps.compiled is True
-        if stateless:
-            assert mindspore.get_context("inter_op_parallel_num") == max(2, compat.jit.set_threads())
+        assert mindspore.get_context("inter_op_parallel_num") == max(2, compat.jit.set_threads())
         shared = Trainer(_cfg(synth_root, str(tmp_path), ["MODEL.JIT", "True", "MODEL.JIT_SHARED_GRAPH", "True"]))
         assert shared.steps.compiled is True and shared.steps.shared_graph is True
-        if stateless:
-            assert mindspore.get_context("inter_op_parallel_num") == 0
+        assert mindspore.get_context("inter_op_parallel_num") == 0
     finally:
-        if stateless:
-            mindspore.set_context(inter_op_parallel_num=before)
+        mindspore.set_context(inter_op_parallel_num=before)
     assert Trainer(_cfg(synth_root, str(tmp_path / "off"), ["MODEL.JIT", "False"])).steps.compiled is False

@@ -71,9 +71,8 @@ def _launch(out, args, nproc=2):
 
 
 def _single(out, args):
-    """The one-process reference run. A run killed by a signal is repeated once from scratch (MindSpore 2.0 +
-    MSAdapter crashed now and then, once in this reference run: docs/limitations.md, now avoided by
-    compat/layers/msadapter/defects.py; kept for crashes of other causes), anything else fails the test."""
+    """The one-process reference run. A run killed by a signal is repeated once from scratch (a crash of the
+    framework is not what this test is about), anything else fails the test."""
     for attempt in range(2):
         proc = subprocess.run([sys.executable, CHILD, out] + list(args), cwd=ROOT, capture_output=True, text=True,
                               timeout=1200)
@@ -141,9 +140,9 @@ def test_the_launcher_forms_the_cluster_again_after_a_pause_at_most_three_times(
 
 
 def test_a_scheduler_that_leaves_before_its_workers_leaves_their_status_to_them():
-    """MindSpore 2.7's scheduler exits with status 0 by itself once its workers are done (2.0's stays until the
-    launcher lets it go), so the launcher can see it gone a moment before the workers: then it waits for them
-    (`_workers_end`) and their status decides, instead of stopping a run that is ending well."""
+    """MindSpore 2.7's scheduler exits with status 0 by itself once its workers are done, so the launcher can see it
+    gone a moment before the workers: then it waits for them (`_workers_end`) and their status decides, instead of
+    stopping a run that is ending well."""
     from reid.engine.distributed import _workers_end
     workers = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(%s)" % t]) for t in (0.5, 1.5)]
     assert _workers_end(workers, within=60) and [w.returncode for w in workers] == [0, 0]

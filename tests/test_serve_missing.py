@@ -1,4 +1,4 @@
-"""Without the web modules (the MSAdapter environment does not pin them) the server is a one-line error naming
+"""Without the web modules (an environment installed without them) the server is a one-line error naming
 what to install, whichever of them is missing."""
 import builtins
 import subprocess
@@ -19,7 +19,7 @@ def test_the_server_without_its_web_modules_is_one_line(monkeypatch, missing):
         try:
             real(module)
         except ImportError:
-            absent.add(package)       # not installed in this environment (the MSAdapter one)
+            absent.add(package)       # not installed in this environment
     absent.add(dict(WEB_MODULES)[missing])
 
     def without(name, *args, **kwargs):

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Print the path of a working interpreter for Python X.Y (argument), or fail with a clear message.
-# pyenv shims answer "python3.9" only when 3.9 is a selected version, so we also look in pyenv's tree.
+# pyenv shims answer "pythonX.Y" only when X.Y is a selected version, so we also look in pyenv's tree.
 set -u
 want="$1"
 for cand in "python$want" "$HOME/.pyenv/versions/$want"*/bin/"python$want" /usr/local/bin/"python$want" /usr/bin/"python$want"; do

@@ -1,7 +1,9 @@
 """The torch-API layers compat runs on MindSpore: one package per stack, each with the same names.
 
     compat/layers/ms27/       mindnlp 0.5.1's top-level `mindtorch` on MindSpore 2.7 (.venv, the default)
-    compat/layers/msadapter/  MSAdapter 0.1.0's `msadapter.pytorch` on MindSpore 2.0.0 (.venv-msadapter, legacy)
+
+One layer today; a torch-API layer for a later MindSpore (the next mindtorch release, for MindSpore 2.8+)
+would be the second package here.
 
 Each package holds everything that exists because of its layer, and only that: `__init__.py` (the interface
 below and `DEFECTS`, the layer's table), `defects.py` (the fix of each row) and `graph.py` (what the layer's
@@ -33,7 +35,7 @@ import collections
 import importlib
 
 # the layers in the order they are tried where several are installed (an environment holds one)
-ORDER = ("ms27", "msadapter")
+ORDER = ("ms27",)
 
 Defect = collections.namedtuple("Defect", "name breaks fix test")
 

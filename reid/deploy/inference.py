@@ -129,7 +129,7 @@ def swap_meta_layers(module):
         if kind is None:
             swap_meta_layers(child)
         elif isinstance(module, nn.Sequential):
-            module[int(name)] = kind(child)    # MSAdapter's Sequential runs its own list, not its attributes
+            module[int(name)] = kind(child)    # a Sequential may run its own list, not its attributes
         else:
             setattr(module, name, kind(child))
     left = [type(m).__name__ for m in module.modules() if isinstance(m, meta.MetaModule)]

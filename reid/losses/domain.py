@@ -116,5 +116,5 @@ def inter_cluster_loss(paths, domains, margin=0.3, centroid="scalar", present=No
             term = F.relu(margin - dist) ** 2 * both
             total = term if total is None else total + term
             pairs = both if pairs is None else pairs + both
-    has_pairs = (pairs > 0).float()  # (a blend, not a where: MSAdapter's where fails on 0-d tensors op by op)
+    has_pairs = (pairs > 0).float()  # (a blend of the two values)
     return total / pairs.clamp(min=1.0) * has_pairs + fallback * (1.0 - has_pairs)

@@ -33,7 +33,7 @@ class ReIDModel(nn.Module):
                             "got %r / %r" % (list(pixel_mean), list(pixel_std)))
         self.backbone = backbone
         self.heads = heads
-        # plain-dict constants (not buffers: they are no state to save, and MSAdapter ignores non-persistence)
+        # plain-dict constants (not buffers: they are no state to save)
         object.__setattr__(self, "_pixel", {"mean": mean.reshape(1, 3, 1, 1), "std": std.reshape(1, 3, 1, 1)})
         self.num_splits = num_splits
         self._constants()

@@ -21,7 +21,7 @@ cases are in repros/ms27_defects.py and repros/ms27_graph_defects.py, on MindSpo
 | inplace-storage | the layer's in-place methods give new storage: a built graph reads the old one | compat.tensor.assign_ | test_compiled_ms27.py::test_a_graph_misses_the_layers_in_place_writes_and_follows_compat_assign |
 | export-parameters | MINDIR refuses the layer's Parameters; ONNX writes them without values | compat.export._exportable (`BUILDS_THROUGH_FORMS`) | test_compiled_ms27.py::test_export_needs_mindspore_parameters_in_a_cell |
 | onnx-ops | MindSpore 2.7's ONNX writer lacks MeanExt, a lower-bound clamp, LpNorm | compat.functional.normalize (`EXPORT_CLAMP_AS_MAXIMUM`) | test_compiled_ms27.py::test_onnx_export_takes_the_forms_the_inference_network_uses |
-| dict-aux | a dict aux output of a differentiated graph fails to build (MindSpore 2.7) | compat.jit.value_and_grad (tuples) | test_compiled.py::test_model_jit_compiles_steps_on_both_mindspore_stacks |
+| dict-aux | a dict aux output of a differentiated graph fails to build (MindSpore 2.7) | compat.jit.value_and_grad (tuples) | test_compiled.py::test_model_jit_compiles_steps_on_mindspore |
 
 `DEFECTS` below is the same table as data (tests/test_compat_layers.py checks both against each other, the
 fixes and the tests). The repros' trace-* and bytecode-module cases are alternatives to parsing that compat
@@ -79,7 +79,7 @@ DEFECTS = (
     Defect("onnx-ops", "MindSpore 2.7's ONNX writer lacks MeanExt, a lower-bound clamp, LpNorm",
            "compat.functional.normalize", _G + "test_onnx_export_takes_the_forms_the_inference_network_uses"),
     Defect("dict-aux", "a dict aux output of a differentiated graph fails to build (MindSpore 2.7)",
-           "compat.jit.value_and_grad", "tests/test_compiled.py::test_model_jit_compiles_steps_on_both_mindspore_stacks"),
+           "compat.jit.value_and_grad", "tests/test_compiled.py::test_model_jit_compiles_steps_on_mindspore"),
 )
 
 # MindSpore's device names -> the layer's device label

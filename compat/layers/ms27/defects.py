@@ -157,11 +157,10 @@ def _vector_norm(torch):
 
 
 def _cross_entropy(torch):
-    """mindtorch's `F.cross_entropy` on the CPU is `nll_loss(log_softmax(x))` through MindSpore's `LogSoftmax`
-    kernel, whose output is off by many times float32 rounding, and so is the gradient (docs/ms27.md);
-    MSAdapter calls MindSpore's `ops.cross_entropy`, which on MindSpore 2.7 computes x - logsumexp and is as
-    accurate as torch. Class-index targets go to `ops.cross_entropy` here too; probability targets keep the
-    layer's version."""
+    """mindtorch's `F.cross_entropy` on the CPU is `nll_loss(log_softmax(x))` through MindSpore's `LogSoftmax` kernel,
+    whose output is off by many times float32 rounding, and so is the gradient (docs/ms27.md); MindSpore's own
+    `ops.cross_entropy` computes x - logsumexp and is as accurate as torch. Class-index targets go to
+    `ops.cross_entropy` here too; probability targets keep the layer's version."""
     F = torch.nn.functional
     if getattr(F.cross_entropy, "compat_original", None) is not None:
         return None
