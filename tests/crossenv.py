@@ -4,13 +4,20 @@ A *case* is a module-level function ``f(**kwargs) -> dict`` whose result holds n
 and nested dicts/lists of them. ``run_case("torch", "tests.test_x:case_y", seed=0)`` runs it with the torch
 backend, in this process when it is the active backend, otherwise in that backend's virtual environment
 (``.venv`` / ``.venv-torch``) through ``tests/_crossenv_child.py``, exchanging pickles (protocol 4; numpy<2 on
-both sides) through a temporary directory. An interpreter that has MindSpore is itself the MindSpore side, so
-a run from ``.venv-msadapter`` compares MSAdapter (not ``.venv``'s MindSpore 2.7 stack) with torch.
+both sides) through a temporary directory. An interpreter that has MindSpore is itself the MindSpore side.
+
+The other backend's cases of one test module share one child process (`_Worker`), started by the module's
+first case and ended when a case of another module arrives (or this process exits): the start-up (the
+framework's import) is paid once per module rather than once per case. Cases seed what they draw, so they
+give the same numbers wherever they run; a case that needs a process of its own (its subject is the process's
+state: an export's effect on later graphs) asks for `fresh=True`.
 """
+import atexit
 import importlib
 import importlib.util
 import os
 import pickle
+import select
 import subprocess
 import sys
 import tempfile
@@ -20,7 +27,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 ALLOW_MISSING = "REID_ALLOW_MISSING_BACKEND"
-# an interpreter that has MindSpore (.venv or .venv-msadapter) is itself the MindSpore side of parity runs; one
+# an interpreter that has MindSpore (.venv) is itself the MindSpore side of parity runs; one
 # without it but with torch is the torch side where .venv-torch is missing (a GPU machine's own torch)
 _HAS_MINDSPORE = importlib.util.find_spec("mindspore") is not None
 _TORCH_VENV = ROOT / ".venv-torch" / "bin" / "python"
@@ -62,12 +69,92 @@ def child_env(**extra):
     return dict(os.environ, PYTHONPATH=os.pathsep.join(paths), **extra)
 
 
+class _Worker:
+    """A child process of `backend`'s environment that runs pickled case calls until its stdin closes
+    (tests/_crossenv_child.py --serve): one request line (input and output pickle paths) in, one answer line
+    ("ok" or "error") out, on a protocol descriptor of its own so that what the cases print cannot mix in."""
+
+    def __init__(self, backend, module):
+        self.backend, self.module = backend, module
+        self.log = tempfile.TemporaryFile(mode="w+")
+        read_answers, self._answers = os.pipe()
+        env = dict(os.environ, REID_BACKEND=backend, PYTHONPATH=str(ROOT))
+        self.proc = subprocess.Popen(
+            [str(PYTHONS[backend]), str(ROOT / "tests" / "_crossenv_child.py"), "--serve", str(self._answers)],
+            cwd=str(ROOT), env=env, stdin=subprocess.PIPE, stdout=self.log, stderr=self.log, text=True,
+            pass_fds=(self._answers,))
+        os.close(self._answers)
+        self._read = os.fdopen(read_answers, "r")
+
+    def run(self, calls, timeout):
+        with tempfile.TemporaryDirectory(prefix="crossenv-") as tmp:
+            src, dst = Path(tmp) / "in.pkl", Path(tmp) / "out.pkl"
+            with open(src, "wb") as fh:
+                pickle.dump(list(calls), fh, protocol=4)
+            try:
+                self.proc.stdin.write("%s\t%s\n" % (src, dst))
+                self.proc.stdin.flush()
+            except (BrokenPipeError, OSError):
+                pass   # it died: the read below says so
+            ready, _, _ = select.select([self._read], [], [], timeout)
+            answer = self._read.readline().strip() if ready else "timeout"
+            if answer not in ("ok", "error"):
+                tail = self.tail()
+                self.close()
+                raise RuntimeError("%s backend run of %s failed (%s, rc %s):\n%s" % (
+                    self.backend, [t for t, _ in calls], answer or "the process ended", self.proc.returncode,
+                    tail))
+            with open(dst, "rb") as fh:
+                result = pickle.load(fh)
+        if answer == "error":
+            raise RuntimeError("%s backend run of %s failed:\n%s" % (self.backend, [t for t, _ in calls], result))
+        return result
+
+    def tail(self):
+        self.log.seek(0)
+        return self.log.read()[-4000:]
+
+    def close(self):
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.close()
+                self.proc.wait(timeout=60)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+        self._read.close()
+        self.log.close()
+
+
+_WORKERS = {}   # backend -> the _Worker of the test module that ran last
+
+
+def _worker(backend, module):
+    worker = _WORKERS.get(backend)
+    if worker is not None and (worker.module != module or worker.proc.poll() is not None):
+        worker.close()
+        worker = None
+    if worker is None:
+        worker = _WORKERS[backend] = _Worker(backend, module)
+    return worker
+
+
+@atexit.register
+def close_workers():
+    for worker in _WORKERS.values():
+        worker.close()
+    _WORKERS.clear()
+
+
 def run_cases(backend, calls, timeout=900, fresh=False):
     """Run [(target, kwargs), ...] under `backend`; return their results in order. The active backend runs them
-    in this process unless `fresh` asks for a new one (as the others always get)."""
+    in this process unless `fresh` asks for a new one; the other backend in its module's worker (module
+    docstring), or with `fresh` in a new process of its own."""
     require_backend(backend)
     if backend == active_backend() and not fresh:
         return [call(t, kw) for t, kw in calls]
+    if not fresh:
+        return _worker(backend, calls[0][0].split(":")[0]).run(calls, timeout)
     with tempfile.TemporaryDirectory(prefix="crossenv-") as tmp:
         src, dst = Path(tmp) / "in.pkl", Path(tmp) / "out.pkl"
         with open(src, "wb") as fh:
