@@ -203,10 +203,9 @@ def test_compiled_graph_reads_every_weight_live():
     """After a graph is built, every parameter and buffer is changed in place (as optimizer steps, checkpoint
     loading and running-statistics updates change them): the compiled evaluation must follow every one of them.
 
-    A fresh model, whose weights no kernel has written yet: on MindSpore 2.0 + MSAdapter a graph built over such
-    a Parameter of at most 4 elements kept its build-time value for good (at this width the first stage's IBN
-    layers, 18 tensors; compiled demo training then reached 11 SynthD mAP where op by op reached 24), until
-    `compat.jit.prepare` wrote every weight once through a kernel. The change is additive as well as
+    A fresh model, whose weights no kernel has written yet (at this width the first stage's IBN layers hold
+    Parameters of at most 4 elements, which an older MindSpore kept at their build-time values in a graph:
+    docs/ms27.md). The change is additive as well as
     multiplicative, so zero-initialised tensors (biases, running means) move too; one tensor at a time is
     checked only if the whole-model comparison fails, to name the ones left behind."""
     from reid.evaluation import extract_features
