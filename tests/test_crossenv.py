@@ -42,8 +42,10 @@ def test_missing_environment_fails_the_run_unless_skipping_is_asked_for(tmp_path
 
 
 def _make_n(*args):
-    proc = subprocess.run(["make", "-n"] + list(args) + ["PY311=python3"], cwd=str(ROOT), capture_output=True,
-                          text=True, timeout=60, env=dict(os.environ, **{ALLOW_MISSING: "1"}))
+    # (PYTEST_ARGS cleared: a caller's own, e.g. `make test PYTEST_ARGS=...` running this test, reach make -n)
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "PYTEST_ARGS")}
+    proc = subprocess.run(["make", "-n"] + list(args) + ["PY311=python3", "PYTEST_ARGS="], cwd=str(ROOT),
+                          capture_output=True, text=True, timeout=60, env=dict(env, **{ALLOW_MISSING: "1"}))
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
 
@@ -62,7 +64,7 @@ def _pytest_runs(text):
             arg = args[k]
             if arg.startswith("--ignore="):
                 ignored.append(arg[len("--ignore="):])
-            elif arg in ("--deselect", "-m", "-o"):
+            elif arg in ("--deselect", "-m", "-o", "-p"):
                 k += 1
                 if arg == "--deselect":
                     deselected.append(args[k])
