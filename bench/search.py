@@ -15,8 +15,8 @@ our search over a float16 gallery (tools/index.py --float16: half the memory).
 
 --store milvus adds Milvus Lite rows (reid.deploy.milvus_store, the code tools/index.py --store runs): the
 gallery inserted into a collection of a new Milvus Lite file, then searched with its FLAT (exact), IVF_FLAT
-and HNSW indexes. The MindSpore environment has Milvus Lite 2.5 (its C++ engine runs in a child process;
-FLAT and IVF only), the torch environment Milvus Lite 3 (in the process, on faiss); --milvus picks them
+and HNSW indexes. Both environments have Milvus Lite 3 (in the process, on faiss; an older Milvus Lite 2.5
+runs its C++ engine in a child process, FLAT and IVF only); --milvus picks them
 (ENV:INDEX[:MODE]; python: pymilvus on protobuf's pure-Python implementation, which MindSpore sets for any
 process that imports it; ms-here: MindSpore imported first (through compat, as the extraction does), then the
 collection opened in this process, the one order that works there; ms: the same, the collection opened as
@@ -24,7 +24,7 @@ tools/index.py opens it on the MindSpore backend, in a process of its own, milvu
 
   insert    rows/s of the inserts (build: the seconds from the last insert until the first search answered:
             flush and index build)
-  peak RSS  the process's, plus Milvus Lite 2.5's engine process's (the sum of the two peaks)
+  peak RSS  the process's, plus Milvus Lite 2.5's engine process's where one runs (the sum of the two peaks)
   disk      the size of the Milvus Lite file (folder) afterwards
 
     python bench/search.py [--sizes 100k,1m] [--queries 200] [--nprobe 16,64,256]

@@ -39,11 +39,11 @@ _C.MODEL.JIT = True
 _C.MODEL.JIT_SHARED_GRAPH = True
 # MindSpore: where the compiled evaluation graph (TEST.JIT) is kept, so that a later run (train.py or test.py) with
 # the same code, model config and batch shape loads it instead of building it again: "" = OUTPUT_DIR/compile_cache,
-# "off" = none. MindSpore 2.0 cannot cache MODEL.JIT's step graphs (docs/performance.md#compiled-execution).
+# "off" = none. MindSpore cannot cache MODEL.JIT's step graphs (docs/performance.md#compiled-execution).
 _C.MODEL.COMPILE_CACHE = ""
 _C.MODEL.NUM_THREADS = 0              # MindSpore CPU kernel threads; 0 = env REID_NUM_THREADS, else one per core
 # MindSpore: built graphs (MODEL.JIT, TEST.JIT) run on a helper thread at the lowest CPU priority while the calling
-# thread sleeps. MindSpore 2.0 spin-waits in the thread that runs a graph, which on few cores takes CPU from the
+# thread sleeps. MindSpore spin-waits in the thread that waits for a graph, which on few cores takes CPU from the
 # graph's kernel threads (docs/performance.md#compiled-execution). False: on the calling thread.
 _C.MODEL.JIT_HELPER_THREAD = True
 
