@@ -7,17 +7,22 @@ What it is made of:
 - `Gallery`: the index searched, an .npz file (`NpzGallery`, reloaded when the file is replaced) or a Milvus
   collection (`MilvusView`); each answers with the lists tools/search.py writes, plus each match's gallery id
   (its row in the index, or its place in the collection's sorted paths).
-- `Batcher`: requests that arrive together share one extraction. Each request puts its decoded image on an
-  asyncio queue; a collector takes the first and every one queued behind it (at most `max_batch`), waits up to
-  `window_s` for those still being uploaded or decoded (none on their way: no wait), and runs the batch through
-  the FeatureExtractor on one dedicated thread (the framework is only ever called from that thread: the model
-  is also built there). Requests that arrive while a batch runs queue up for the next. The network's output
-  for an image does not depend on the images beside it in the batch (eval mode), so a batched query gets the
-  features it would get alone, to float rounding.
-- The search itself runs on a small thread pool, off the event loop; so do decoding and index reloads.
+- A request's path: the event loop reads the upload; a preparation thread parses the form, decodes the image
+  and resizes it (the test transform) and queues it; the model's thread takes every image queued as one batch
+  (`Batcher`) and runs it (`ServingModel`); a search thread searches the batch's queries and writes each
+  answer's JSON; the event loop sends it. Images are prepared while the previous batch runs.
+- `Batcher`: the queue is drained on the model's one thread (the framework is only ever called from that
+  thread: the model is also built there), while it holds requests: a batch is every request queued (at most
+  `max_batch`), after waiting up to `window_s` (from the first one's arrival) for those still being uploaded or
+  prepared; with none on their way it does not wait. The network's output for an image does not depend on
+  the images beside it in the batch (eval mode), so a batched query gets the features it would get alone, to
+  float rounding.
+- Threads are set for a server (`Service`): ONNX Runtime's pool without spinning, numpy's BLAS at one thread,
+  pools as many threads as cores; a FeatureExtractor used elsewhere keeps its defaults.
 
 Limits (ServeSettings): the upload size, the pixel count (checked from the image header before decoding), top-k
-bounds and gallery ids; each refusal is a 4xx JSON {"error": "..."} naming the problem and the fix. With a
+bounds and gallery ids; each refusal is a 4xx JSON {"error": "..."} naming the problem and the fix. At most
+`max_queue` search requests are in the server at once; one more is answered 503 with Retry-After. With a
 token, every /api/ route but the health check wants `Authorization: Bearer TOKEN`.
 
 FastAPI, uvicorn and python-multipart are imported only here; without them `require_web()` is a one-line error
@@ -46,6 +51,10 @@ TOKEN_ENV = "ACL_REID_TOKEN"
 MAX_UPLOAD_BYTES = 10 * 1024 * 1024
 MAX_PIXELS = 40_000_000
 MAX_TOPK = 100
+# search requests in the server at once (being uploaded, prepared, queued, extracted or searched); one more is
+# answered 503: the queue, and the memory its uploads hold, stay bounded
+MAX_QUEUE = 64
+INLINE_SEARCH_VALUES = 1 << 20   # gallery values (images x feature size) an exact search takes in well under 1 ms
 FORM_OVERHEAD = 64 * 1024          # multipart headers and boundaries around the image, beyond the upload limit
 STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -81,19 +90,24 @@ class ServeSettings:
 
     def __init__(self, index=None, store="npz", gallery_root=None, token=None, max_upload=MAX_UPLOAD_BYTES,
                  max_pixels=MAX_PIXELS, max_topk=MAX_TOPK, max_batch=32, window_s=0.01, reload_s=2.0,
-                 nprobe=16, ef=64, nlist=None, search_threads=2):
+                 nprobe=16, ef=64, nlist=None, search_threads=None, model_threads=None, max_queue=MAX_QUEUE):
+        """`search_threads` (each of the preparation and search pools) and `model_threads` (ONNX Runtime's
+        intra-op pool): None for one per core."""
         self.index, self.store, self.gallery_root, self.token = index, store, gallery_root, token or None
         self.max_upload, self.max_pixels, self.max_topk = int(max_upload), int(max_pixels), int(max_topk)
         self.max_batch, self.window_s, self.reload_s = int(max_batch), float(window_s), float(reload_s)
-        self.nprobe, self.ef, self.nlist, self.search_threads = nprobe, ef, nlist, int(search_threads)
+        self.nprobe, self.ef, self.nlist = nprobe, ef, nlist
+        self.search_threads = int(search_threads) if search_threads else None
+        self.model_threads = int(model_threads) if model_threads else None
+        self.max_queue = max(1, int(max_queue))
 
 
 class ApiError(Exception):
-    """A refusal: HTTP `status` and a message naming the problem (and the fix)."""
+    """A refusal: HTTP `status` and a message naming the problem (and the fix); `headers` to send with it."""
 
-    def __init__(self, status, message):
+    def __init__(self, status, message, headers=None):
         super().__init__(message)
-        self.status, self.message = status, message
+        self.status, self.message, self.headers = status, message, headers
 
 
 # --------------------------------------------------------------------------------------------- galleries
@@ -302,57 +316,268 @@ class MilvusView:
         self.pool.shutdown()
 
 
+# ------------------------------------------------------------------------------------------------ threads
+def server_cores():
+    """The CPU cores this process may run on (its affinity mask, else the machine's count)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def _onnx_files(net):
+    """The ExportedModel files of ONNX Runtime behind an extractor's network (none for another engine)."""
+    files = [net.big, net.single] if hasattr(net, "big") and hasattr(net, "single") else [net]
+    return [f for f in files if getattr(f, "format", None) == "onnx" and hasattr(getattr(f, "runner", None),
+                                                                                  "session")]
+
+
+def tune_onnx_for_serving(net, threads):
+    """The ONNX Runtime sessions of `net` opened again with a server's thread settings: an intra-op pool of
+    `threads`, no inter-op pool, and its threads not spinning between runs. Spinning suits a script that runs
+    batch after batch; in a server the pool would keep the cores busy after each batch and slow down the
+    event loop, the decoding and the search, which need them between batches. Only the server's own
+    extractor is changed: a FeatureExtractor used elsewhere keeps ONNX Runtime's defaults."""
+    files = _onnx_files(net)
+    if not files:
+        return 0
+    import onnxruntime
+    for f in files:
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = int(threads)
+        options.inter_op_num_threads = 1
+        options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        options.add_session_config_entry("session.inter_op.allow_spinning", "0")
+        f.runner.session = onnxruntime.InferenceSession(f.path, options, providers=["CPUExecutionProvider"])
+    return len(files)
+
+
+class BlasLimit:
+    """numpy's BLAS pool held at one thread while a server runs (threadpoolctl, where it is installed): the
+    search's matrix products are small and run on a pool of their own, whose threads would otherwise each
+    start the BLAS pool (one thread per core) and spin on it. Restored by `restore()`."""
+
+    def __init__(self):
+        try:
+            from threadpoolctl import threadpool_limits
+        except ImportError:
+            self._limits = None
+            return
+        self._limits = threadpool_limits(1, user_api="blas")
+
+    def restore(self):
+        if self._limits is not None:
+            self._limits.restore_original_limits()
+            self._limits = None
+
+
+class ServingModel:
+    """The extractor's network as the server runs it: `run(images (N, 3, H, W) float32, test transform
+    applied)` -> (N, D) features, as `extractor(images)` gives them, on the model thread.
+
+    Exported files (onnx, mindir) run from numpy with no framework tensors between: the flipped copies (TEST.FLIP)
+    go in the same run as the images. Fixed-batch files (MindSpore's export: one of batch B, one of batch 1)
+    run a batch's last images either one by one or padded into one run of B, whichever `calibrate()`
+    measured to be quicker for that count (each image is computed on its own in eval mode: padding changes no
+    feature). The eager and compiled engines run through the extractor's own evaluation loop."""
+
+    def __init__(self, extractor, threads):
+        from reid.evaluation.distance import normalize
+        self.extractor, self._normalize = extractor, normalize
+        self.net = extractor.net                 # weights: built (or exported and loaded) here, once
+        self.exported = extractor.engine in ("onnx", "mindir")
+        self.onnx_files = tune_onnx_for_serving(self.net, threads) if extractor.engine == "onnx" else 0
+        self.fixed = self.net if hasattr(self.net, "big") and hasattr(self.net, "single") else None
+        self.pad_from = None    # fixed-batch files: the smallest remainder padded into one run of the big file
+
+    def calibrate(self):
+        """Warm-up: one run of each file, and for fixed-batch files the count of images from which one padded
+        run of the big file is quicker than that many runs of the single one."""
+        size = self.extractor.image_size
+        self.run(np.zeros((1, 3) + size, np.float32))
+        if self.fixed is None:
+            return
+        big, single = self.fixed.big, self.fixed.single
+        one = np.zeros((1, 3) + size, np.float32)
+        full = np.zeros((big.batch, 3) + size, np.float32)
+        t_single = min(self._seconds(single.run, one) for _ in range(3))
+        t_big = min(self._seconds(big.run, full) for _ in range(3))
+        self.pad_from = max(1, min(big.batch, int(np.ceil(t_big / max(t_single, 1e-9)))))
+
+    @staticmethod
+    def _seconds(fn, arg):
+        start = time.perf_counter()
+        fn(arg)
+        return time.perf_counter() - start
+
+    def _run_files(self, images):
+        if self.fixed is None:
+            return self.net.run(images)
+        big, single = self.fixed.big, self.fixed.single
+        count = len(images)
+        full = count - count % big.batch
+        parts = [big.run(images[:full])] if full else []
+        rest = images[full:]
+        if len(rest):
+            padded = self.pad_from is not None and len(rest) >= self.pad_from
+            parts.append(big.run(rest) if padded else single.run(rest))     # ExportedModel.run pads a short chunk
+        return np.concatenate(parts)
+
+    def run(self, images):
+        images = np.ascontiguousarray(images, np.float32)
+        ex = self.extractor
+        if self.exported:
+            if ex.flip:
+                both = self._run_files(np.concatenate([images, images[:, :, :, ::-1]]))
+                n = len(images)
+                features = (both[:n] + both[n:]) / np.float32(2.0)
+            else:
+                features = self._run_files(images)
+        else:
+            from reid.evaluation.extract import extract_features
+            net = ex._prepare(len(images))        # the compiled graph's build for this batch size, once
+            features = extract_features(net, [{"images": images}], ex.flip, compiled=ex.engine == "compiled")[0]
+        features = np.ascontiguousarray(features, np.float32)
+        return self._normalize(features) if ex.normalize else features
+
+
 # ------------------------------------------------------------------------------------------------ batching
+class Query:
+    """One search request on its way through the server: its prepared image, what to search, where to answer."""
+
+    __slots__ = ("image", "snap", "topk", "mode", "method", "name", "pid", "camid", "loop", "future", "timing",
+                 "queued", "cancelled")
+
+    def __init__(self, snap, topk, mode, method, loop):
+        self.snap, self.topk, self.mode, self.method = snap, topk, mode, method
+        self.loop, self.future = loop, loop.create_future()
+        self.image = self.name = self.pid = self.camid = None
+        self.timing, self.queued, self.cancelled = {}, 0.0, False
+
+
+def _settle(answers):
+    """On the event loop: each (future, result, exception) handed to its request (unless it left)."""
+    for future, result, exc in answers:
+        if future.done():
+            continue
+        if exc is not None:
+            future.set_exception(exc)
+        else:
+            future.set_result(result)
+
+
+def answer_threadsafe(queries, results=None, exc=None):
+    """Hand results (one per query) or one exception to the requests of `queries`, from any thread: one call
+    into each event loop for all of them."""
+    by_loop = {}
+    for i, q in enumerate(queries):
+        by_loop.setdefault(q.loop, []).append((q.future, None if results is None else results[i], exc))
+    for loop, answers in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_settle, answers)
+        except RuntimeError:      # the loop is closed: the requests are gone
+            pass
+
+
 class Batcher:
-    """Dynamic batching of feature extraction (module docstring): `submit(image)` from request handlers, `run()`
-    as one task of the event loop. `extract(list of images) -> (N, D)` runs on `pool` (one thread)."""
+    """Dynamic batching of feature extraction (module docstring). Request handlers count a request in with
+    `coming()` as its upload starts; the thread that prepares it (decoding, resizing) either queues it with
+    `put(query)` or drops it with `gone()`. The queue is drained on `pool` (the model's one thread) only
+    while it holds requests: a batch is every request queued (at most `max_batch`), after waiting, while
+    some are still being uploaded or prepared, until the first one queued has waited `window_s`; with none
+    on their way it does not wait. `run_batch(queries)` runs on that thread; requests that arrive meanwhile
+    form the next batch."""
 
-    POLL_S = 0.002        # how often the collector looks again whether requests are still on their way
-
-    def __init__(self, extract, pool, max_batch, window_s):
-        self.extract, self.pool = extract, pool
+    def __init__(self, run_batch, pool, max_batch, window_s):
+        import collections
+        self.run_batch, self.pool = run_batch, pool
         self.max_batch, self.window_s = max(1, int(max_batch)), max(0.0, float(window_s))
-        self.queue = None
+        self._cond = threading.Condition()
+        self._items = collections.deque()
+        self._draining = self._closed = False
+        self.on_the_way = 0      # requests counted in and not yet queued or dropped
         self.batches = self.images = self.largest = 0
-        self.on_the_way = 0    # requests being read or decoded, whose images will be submitted (event loop only)
 
-    async def submit(self, image):
-        future = asyncio.get_running_loop().create_future()
-        await self.queue.put((image, future))
-        return await future
+    def queued(self):
+        return len(self._items)
 
-    async def run(self):
-        loop = asyncio.get_running_loop()
-        while True:
-            batch = [await self.queue.get()]
-            deadline = loop.time() + self.window_s
-            while len(batch) < self.max_batch:
-                if not self.queue.empty():
-                    batch.append(self.queue.get_nowait())
-                    continue
-                left = deadline - loop.time()
-                if left <= 0 or not self.on_the_way:
-                    break
-                try:
-                    batch.append(await asyncio.wait_for(self.queue.get(), min(left, self.POLL_S)))
-                except asyncio.TimeoutError:
-                    pass
-            batch = [(image, future) for image, future in batch if not future.done()]  # clients that left
-            if not batch:
-                continue
+    def idle(self):
+        """Whether the request counted in last is the only one in the batcher (none queued, none running, none
+        other on its way): it may then be prepared on the model's thread, which is waiting anyway."""
+        return self.on_the_way <= 1 and not self._draining and not self._items
+
+    def waiting(self):
+        """Requests queued or on their way."""
+        return self.on_the_way + len(self._items)
+
+    def coming(self):
+        with self._cond:
+            self.on_the_way += 1
+
+    def gone(self):
+        with self._cond:
+            self.on_the_way -= 1
+            self._cond.notify_all()
+
+    def put(self, query, on_model_thread=False):
+        """Queue a prepared request; `on_model_thread`: called there, where the queue is then drained at once."""
+        with self._cond:
+            self.on_the_way -= 1
+            if self._closed:
+                raise ApiError(503, "the server is stopping; send the request again to the next one")
+            query.queued = time.perf_counter()
+            self._items.append(query)
+            self._cond.notify_all()
+            start = not self._draining
+            self._draining = True
+        if start and on_model_thread:
+            self._drain()
+        elif start:
             try:
-                features = await loop.run_in_executor(self.pool, self.extract, [image for image, _ in batch])
-            except Exception as exc:   # handed to every request of the batch
-                for _, future in batch:
-                    if not future.done():
-                        future.set_exception(exc)
+                self.pool.submit(self._drain)
+            except RuntimeError:      # the pool was shut down: the server is stopping
+                with self._cond:
+                    self._draining = False
+
+    def _next_batch(self):
+        with self._cond:
+            if not self._items or self._closed:
+                self._draining = False
+                return None
+            deadline = self._items[0].queued + self.window_s
+            while len(self._items) < self.max_batch and self.on_the_way > 0 and not self._closed:
+                left = deadline - time.perf_counter()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            return [self._items.popleft() for _ in range(min(self.max_batch, len(self._items)))]
+
+    def _drain(self):
+        while True:
+            batch = self._next_batch()
+            if batch is None:
+                return
+            batch = [q for q in batch if not q.cancelled]     # clients that left
+            if not batch:
                 continue
             self.batches += 1
             self.images += len(batch)
             self.largest = max(self.largest, len(batch))
-            for row, (_, future) in enumerate(batch):
-                if not future.done():
-                    future.set_result(features[row])
+            try:
+                self.run_batch(batch)
+            except Exception as exc:   # a fault of the batch's: handed to each of its requests
+                answer_threadsafe(batch, exc=exc)
+
+    def close(self):
+        """Stop taking requests; those still queued are answered 503."""
+        with self._cond:
+            self._closed = True
+            left = list(self._items)
+            self._items.clear()
+            self._cond.notify_all()
+        if left:
+            answer_threadsafe(left, exc=ApiError(503, "the server is stopping; send the request again"))
 
 
 # ------------------------------------------------------------------------------------------------ images
@@ -391,21 +616,135 @@ def read_gallery_image(path):
     return image
 
 
+MAX_FORM_FILES, MAX_FORM_FIELDS, MAX_FIELD_BYTES = 4, 32, 1024 * 1024
+
+
+def _form_problem(text):
+    return ApiError(400, "the multipart body cannot be parsed (%s); send the image in the field 'image'" % text)
+
+
+def parse_form(body, content_type):
+    """{field name: (file name or None, bytes)} of a multipart/form-data body (the last part of each name),
+    parsed in one go with python-multipart (the parser Starlette uses, with its rules: every part names its
+    field, a part with a file name is a file; at most MAX_FORM_FILES files and MAX_FORM_FIELDS other fields,
+    each of these at most MAX_FIELD_BYTES). Runs off the event loop."""
+    from python_multipart.exceptions import FormParserError
+    from python_multipart.multipart import MultipartParser, parse_options_header
+    _, params = parse_options_header(content_type)
+    boundary = params.get(b"boundary")
+    if not boundary:
+        raise _form_problem("Missing boundary in multipart.")
+    parts, state = {}, {"field": b"", "value": b"", "disposition": b"", "data": [], "size": 0, "files": 0,
+                         "fields": 0}
+
+    def on_part_begin():
+        state.update(disposition=b"", data=[], size=0, name=None, filename=None)
+
+    def on_header_field(data, start, end):
+        state["field"] += data[start:end]
+
+    def on_header_value(data, start, end):
+        state["value"] += data[start:end]
+
+    def on_header_end():
+        if state["field"].lower() == b"content-disposition":
+            state["disposition"] = state["value"]
+        state["field"] = state["value"] = b""
+
+    def on_headers_finished():
+        _, options = parse_options_header(state["disposition"])
+        if b"name" not in options:
+            raise _form_problem('The Content-Disposition header field "name" must be provided.')
+        state["name"] = options[b"name"].decode("utf-8", "replace")
+        if b"filename" in options:
+            state["files"] += 1
+            if state["files"] > MAX_FORM_FILES:
+                raise _form_problem("Too many files. Maximum number of files is %d." % MAX_FORM_FILES)
+            state["filename"] = options[b"filename"].decode("utf-8", "replace")
+        else:
+            state["fields"] += 1
+            if state["fields"] > MAX_FORM_FIELDS:
+                raise _form_problem("Too many fields. Maximum number of fields is %d." % MAX_FORM_FIELDS)
+
+    def on_part_data(data, start, end):
+        state["size"] += end - start
+        if state["filename"] is None and state["size"] > MAX_FIELD_BYTES:
+            raise _form_problem("Part exceeded maximum size of %dKB." % (MAX_FIELD_BYTES // 1024))
+        state["data"].append(data[start:end])
+
+    def on_part_end():
+        parts[state["name"]] = (state["filename"], b"".join(state["data"]))
+
+    callbacks = {"on_part_begin": on_part_begin, "on_part_data": on_part_data, "on_part_end": on_part_end,
+                 "on_header_field": on_header_field, "on_header_value": on_header_value,
+                 "on_header_end": on_header_end, "on_headers_finished": on_headers_finished}
+    try:
+        parser = MultipartParser(boundary, callbacks)
+        parser.write(body)
+        parser.finalize()
+    except FormParserError:
+        raise _form_problem("Invalid multipart data.") from None
+    return parts
+
+
+def upload_image(body, content_type, max_upload):
+    """(image file bytes, file name) of a search request's body: the multipart field `image`, or the whole body
+    when it is sent as image/* or application/octet-stream."""
+    kind = content_type.split(";")[0].strip().lower()
+    if kind.startswith("image/") or kind == "application/octet-stream":
+        if len(body) > max_upload:
+            raise ApiError(413, "the image is %d bytes, over the server's limit of %d" % (len(body), max_upload))
+        return body, None
+    if kind != "multipart/form-data":
+        raise ApiError(415, "send the image as multipart/form-data in the field 'image' (curl -F image=@photo.jpg), "
+                       "or as the body with Content-Type image/jpeg; got %r" % (kind or "no Content-Type"))
+    form = parse_form(body, content_type)
+    item = form.get("image")
+    if item is None or item[0] is None:
+        raise ApiError(400, "no file in the multipart field 'image' (fields sent: %s); send the image there"
+                       % (", ".join(sorted(form)[:8]) or "none"))
+    filename, data = item
+    if len(data) > max_upload:
+        raise ApiError(413, "the image is %d bytes, over the server's limit of %d" % (len(data), max_upload))
+    return data, os.path.basename(filename.replace("\\", "/")) or None
+
+
+def json_body(entry):
+    """The bytes Starlette's JSONResponse writes for `entry` (made off the event loop)."""
+    import json
+    return json.dumps(entry, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":")).encode("utf-8")
+
+
 # ------------------------------------------------------------------------------------------------ the app
 class Service:
-    """What the app runs on: the gallery, the extractor on its thread, the batcher and the search pool."""
+    """What the app runs on: the gallery, the extractor on its thread, the batcher and the thread pools.
+
+    Threads, chosen for a server on C cores (`server_cores()`): the network on one thread of its own (ONNX
+    Runtime's intra-op pool of C threads that do not spin, `tune_onnx_for_serving`), request preparation
+    (multipart parsing, decoding, resizing) on a pool of C threads, so that the next batch's images are ready
+    while one runs, and the search (with building the answer's JSON) on another pool of C threads, with
+    numpy's BLAS at one thread (`BlasLimit`). The event loop only reads uploads and writes answers."""
 
     def __init__(self, settings, extractor_factory, model_pool=None):
         """`model_pool`: the one-thread executor the model runs on (default: one of its own, shut down with the
         service); given, the caller owns it (an extractor built there is reused by several services)."""
         self.settings = settings
+        self.cores = server_cores()
+        threads = settings.search_threads or self.cores
         self._own_pool = model_pool is None
         self.model_pool = model_pool or ThreadPoolExecutor(1, thread_name_prefix="acl-reid-model")
-        self.search_pool = ThreadPoolExecutor(settings.search_threads, thread_name_prefix="acl-reid-search")
+        self.prep_pool = ThreadPoolExecutor(threads, thread_name_prefix="acl-reid-prepare")
+        self.search_pool = ThreadPoolExecutor(threads, thread_name_prefix="acl-reid-search")
+        self.reload_pool = ThreadPoolExecutor(1, thread_name_prefix="acl-reid-reload")
+        self._blas = BlasLimit()
         self.extractor = self.model_pool.submit(extractor_factory).result()
         self.describe = self.model_pool.submit(self.extractor.describe).result()
         self.gallery = self._open_gallery()
-        self.batcher = Batcher(self._extract, self.model_pool, settings.max_batch, settings.window_s)
+        self.model = self.model_pool.submit(ServingModel, self.extractor, settings.model_threads or self.cores
+                                            ).result()
+        self.transform = self.extractor.transform
+        self.batcher = Batcher(self._run_batch, self.model_pool, settings.max_batch, settings.window_s)
+        self.in_flight = self.refused = 0     # search requests in the server now; refused with 503 (event loop)
         self._tasks = []
 
     def _open_gallery(self):
@@ -422,18 +761,16 @@ class Service:
                          "the gallery with this one (tools/index.py --rebuild)")
         return gallery
 
-    def _extract(self, images):
-        return np.asarray(self.extractor(list(images)), np.float32)
-
     def warm_up(self):
-        """The extractor's one-time work (an export, a graph build) before the first request, on its thread."""
-        size = self.extractor.image_size
-        batch = self.settings.max_batch if self.extractor.engine == "compiled" else 1
-        self.model_pool.submit(self._extract, [np.zeros(size + (3,), np.uint8)] * batch).result()
+        """The model's one-time work (an export, a graph build) and its calibration before the first request."""
+        if self.extractor.engine == "compiled":
+            size = self.extractor.image_size
+            self.model_pool.submit(self.model.run, np.zeros((self.settings.max_batch, 3) + size, np.float32)
+                                   ).result()
+        self.model_pool.submit(self.model.calibrate).result()
 
     async def start(self):
-        self.batcher.queue = asyncio.Queue()
-        self._tasks = [asyncio.ensure_future(self.batcher.run())]
+        self._tasks = []
         if self.settings.reload_s > 0:
             self._tasks.append(asyncio.ensure_future(self._watch()))
 
@@ -445,17 +782,21 @@ class Service:
                 await task
             except (asyncio.CancelledError, Exception):
                 pass
-        self.gallery.close()
+        self.batcher.close()
+        self.prep_pool.shutdown(wait=True)
         self.search_pool.shutdown(wait=True)
+        self.reload_pool.shutdown(wait=True)
+        self.gallery.close()
         if self._own_pool:
             self.model_pool.shutdown(wait=True)
+        self._blas.restore()
 
     async def _watch(self):
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(self.settings.reload_s)
             try:
-                await loop.run_in_executor(self.search_pool, self.gallery.reload_if_changed)
+                await loop.run_in_executor(self.reload_pool, self.gallery.reload_if_changed)
             except Exception as exc:   # a failed check is logged; the loaded index keeps serving
                 logger.error("checking the index for a replacement failed: %s", exc)
 
@@ -473,38 +814,126 @@ class Service:
             raise ApiError(400, "filter %s needs camera ids, and the index has none; search with filter=none"
                            % mode)
 
-    async def search(self, image, query, q_pid, q_camid, topk, mode, method, timing=None):
-        """The entry tools/search.py writes for one query (plus each match's id), and the snapshot searched;
-        `timing` (a dict) gets the seconds spent waiting for the features (queue and extraction) and searching."""
-        from reid.deploy.gallery import UNKNOWN
-        timing = {} if timing is None else timing
-        snap = self.gallery.snapshot()
-        self.options(topk, mode, method, snap)
+    def admit(self):
+        """Count a search request in, or refuse it (503) when the server holds `max_queue` already."""
+        if self.in_flight >= self.settings.max_queue:
+            self.refused += 1
+            raise ApiError(503, "the server is busy: %d search requests are in it, its limit (--max-queue); "
+                           "send the request again in a moment" % self.in_flight, {"Retry-After": "1"})
+        self.in_flight += 1
+
+    def prepare(self, query, read, on_model_thread=False):
+        """On the preparation pool (or the model's thread, when it is idle): `read()` -> (RGB image, name, pid,
+        camid) (parsing and decoding the upload, or reading a gallery file), resized by the test transform,
+        then queued for the next batch. A problem answers the request at once."""
         start = time.perf_counter()
-        feature = await self.batcher.submit(image)
-        timing["extract"] = time.perf_counter() - start
-        loop = asyncio.get_running_loop()
-        pid = UNKNOWN if q_pid is None else q_pid
-        camid = UNKNOWN if q_camid is None else q_camid
-        start = time.perf_counter()
-        args = (snap, feature[None], topk, mode, np.array([pid]), np.array([camid]), method)
         try:
-            lists = await loop.run_in_executor(self.search_pool, self.gallery.search, *args)
-        except UserError as exc:
-            raise ApiError(400, str(exc)) from None
-        timing["search"] = time.perf_counter() - start
-        entry = {"query": query}
-        if q_pid is not None:
-            entry["pid"] = int(q_pid)
-        if q_camid is not None:
-            entry["camid"] = int(q_camid)
+            image, query.name, query.pid, query.camid = read()
+            query.image = self.transform(image)
+        except Exception as exc:
+            self.batcher.gone()
+            answer_threadsafe([query], exc=exc)
+            return
+        query.timing["decode"] = time.perf_counter() - start
+        try:
+            self.batcher.put(query, on_model_thread)
+        except ApiError as exc:
+            answer_threadsafe([query], exc=exc)
+
+    async def submit(self, query, read):
+        """The request's answer (JSON bytes) once `read` has been prepared, extracted in a batch and searched.
+        The caller has counted it in with `self.batcher.coming()`."""
+        # a request alone is prepared, extracted and searched on the model's thread: no hand-over between
+        # threads; with others in the server it is prepared on the preparation pool while a batch runs
+        alone = self.batcher.idle()
+        try:
+            (self.model_pool if alone else self.prep_pool).submit(self.prepare, query, read, alone)
+        except RuntimeError:
+            self.batcher.gone()
+            raise ApiError(503, "the server is stopping; send the request again") from None
+        try:
+            return await query.future
+        except asyncio.CancelledError:
+            query.cancelled = True        # the client left: its image is dropped from the batch
+            raise
+
+    def _run_batch(self, batch):
+        """On the model thread: the batch's features, handed to the search pool."""
+        features = self.model.run(np.stack([q.image for q in batch]))
+        done = time.perf_counter()
+        for q in batch:
+            q.image = None
+            q.timing["extract"] = done - q.queued
+        if not self.batcher.waiting() and all(self._searched_quickly(q) for q in batch):
+            self._search_batch(batch, features)       # nothing waits for the model: no hand-over
+            return
+        try:
+            self.search_pool.submit(self._search_batch, batch, features)
+        except RuntimeError:
+            answer_threadsafe(batch, exc=ApiError(503, "the server is stopping; send the request again"))
+
+    def _searched_quickly(self, query):
+        """Whether the query's search takes a fraction of a millisecond (exact, in an .npz index of at most
+        INLINE_SEARCH_VALUES values): then it runs on the model's thread when nothing else waits for it."""
+        return (self.gallery.kind == "npz" and query.method == "exact"
+                and query.snap.index.features.size <= INLINE_SEARCH_VALUES)
+
+    def _search_batch(self, batch, features):
+        """On the search pool: the queries of a batch that search alike (index snapshot, topk, filter, method)
+        searched together, each answer's JSON made."""
+        from reid.deploy.gallery import UNKNOWN
+        groups = {}
+        for row, q in enumerate(batch):
+            groups.setdefault((id(q.snap), q.topk, q.mode, q.method), []).append(row)
+        for rows in groups.values():
+            queries = [batch[r] for r in rows]
+            q0 = queries[0]
+            start = time.perf_counter()
+            try:
+                pids = np.array([UNKNOWN if q.pid is None else q.pid for q in queries])
+                camids = np.array([UNKNOWN if q.camid is None else q.camid for q in queries])
+                lists = self.gallery.search(q0.snap, features[rows], q0.topk, q0.mode, pids, camids, q0.method)
+                took = time.perf_counter() - start
+                bodies = []
+                for q, matches in zip(queries, lists):
+                    q.timing["search"] = took
+                    bodies.append((self._entry(q, matches), q.snap, q.timing))
+            except UserError as exc:
+                answer_threadsafe(queries, exc=ApiError(400, str(exc)))
+                continue
+            except Exception as exc:
+                answer_threadsafe(queries, exc=exc)
+                continue
+            answer_threadsafe(queries, bodies)
+
+    @staticmethod
+    def _entry(q, matches):
+        """The JSON of the entry tools/search.py writes for one query (plus each match's id)."""
+        entry = {"query": q.name}
+        if q.pid is not None:
+            entry["pid"] = int(q.pid)
+        if q.camid is not None:
+            entry["camid"] = int(q.camid)
         entry["matches"] = []
-        for gid, path, pid, camid, score in lists[0]:
+        for gid, path, pid, camid, score in matches:
             match = {"path": path, "score": round(float(score), 6)}
             match.update({k: v for k, v in (("pid", pid), ("camid", camid)) if v is not None})
             match["id"] = gid
             entry["matches"].append(match)
-        return entry, snap
+        return json_body(entry)
+
+    async def search(self, image, query, q_pid, q_camid, topk, mode, method, timing=None):
+        """The entry tools/search.py writes for one decoded RGB image (a dict), and the snapshot searched; the
+        Python API of what the search routes do."""
+        import json
+        snap = self.gallery.snapshot()
+        self.options(topk, mode, method, snap)
+        q = Query(snap, topk, mode, method, asyncio.get_running_loop())
+        self.batcher.coming()
+        body, snap, spent = await self.submit(q, lambda: (image, query, q_pid, q_camid))
+        if timing is not None:
+            timing.update(spent)
+        return json.loads(body), snap
 
     def summary(self):
         snap = self.gallery.snapshot()
@@ -516,11 +945,16 @@ class Service:
                 model[key] = str(d[key])[:12]
         s = self.settings
         from reid.deploy.search import FILTERS, METHODS
+        b = self.batcher
         return dict(self.gallery.summary(snap), model=model,
-                    limits={"max_upload_bytes": s.max_upload, "max_pixels": s.max_pixels, "max_topk": s.max_topk},
+                    limits={"max_upload_bytes": s.max_upload, "max_pixels": s.max_pixels, "max_topk": s.max_topk,
+                            "max_queue": s.max_queue},
                     batching={"max_batch": s.max_batch, "window_ms": round(s.window_s * 1000, 3),
-                              "batches": self.batcher.batches, "images": self.batcher.images,
-                              "largest": self.batcher.largest},
+                              "batches": b.batches, "images": b.images, "largest": b.largest,
+                              "in_flight": self.in_flight, "refused_busy": self.refused},
+                    threads={"cores": self.cores, "model_intra_op": (s.model_threads or self.cores)
+                             if self.model.onnx_files else None,
+                             "prepare": self.prep_pool._max_workers, "search": self.search_pool._max_workers},
                     filters=list(FILTERS), methods=list(METHODS) if self.gallery.kind == "npz" else ["exact"],
                     token=bool(s.token))
 
@@ -556,54 +990,36 @@ async def _read_body(request, limit):
     return b"".join(chunks)
 
 
-async def _upload(request, settings):
-    """(image file bytes, file name) of a search request: the multipart field `image`, or the whole body when
-    it is sent as image/* or application/octet-stream."""
-    from starlette.requests import Request
-    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    body = await _read_body(request, settings.max_upload + FORM_OVERHEAD)
-    if kind.startswith("image/") or kind == "application/octet-stream":
-        if len(body) > settings.max_upload:
-            raise ApiError(413, "the image is %d bytes, over the server's limit of %d" % (len(body),
-                                                                                        settings.max_upload))
-        return body, None
-    if kind != "multipart/form-data":
-        raise ApiError(415, "send the image as multipart/form-data in the field 'image' (curl -F image=@photo.jpg), "
-                       "or as the body with Content-Type image/jpeg; got %r" % (kind or "no Content-Type"))
-    sent = [False]
-
-    async def receive():
-        if sent[0]:
-            return {"type": "http.disconnect"}
-        sent[0] = True
-        return {"type": "http.request", "body": body, "more_body": False}
-    replay = Request(request.scope, receive)
-    try:
-        form = await replay.form(max_files=4, max_fields=32)
-    except Exception as exc:   # the parser's errors: a body that is not the multipart it says
-        raise ApiError(400, "the multipart body cannot be parsed (%s); send the image in the field 'image'"
-                       % (str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)) from None
-    try:
-        item = form.get("image")
-        if item is None or isinstance(item, str):
-            raise ApiError(400, "no file in the multipart field 'image' (fields sent: %s); send the image there"
-                           % (", ".join(sorted(form.keys())[:8]) or "none"))
-        data = await item.read()
-        if len(data) > settings.max_upload:
-            raise ApiError(413, "the image is %d bytes, over the server's limit of %d" % (len(data),
-                                                                                        settings.max_upload))
-        return data, os.path.basename((item.filename or "").replace("\\", "/")) or None
-    finally:
-        await form.close()
-
-
-def _query_ids(request, name):
-    """(pid, camid) of a query: the `pid` / `camid` parameters, else a Market-1501-style file name's."""
+def _query_ids(given, name):
+    """(pid, camid) of a query: the `pid` / `camid` parameters `given`, else a Market-1501-style file name's."""
     from reid.deploy.gallery import UNKNOWN, ids_from_name
     pid, camid = ids_from_name(name) if name else (UNKNOWN, UNKNOWN)
-    pid = _int_param(request, "pid", None if pid == UNKNOWN else int(pid))
-    camid = _int_param(request, "camid", None if camid == UNKNOWN else int(camid))
-    return pid, camid
+    return (given[0] if given[0] is not None else None if pid == UNKNOWN else int(pid),
+            given[1] if given[1] is not None else None if camid == UNKNOWN else int(camid))
+
+
+class TokenGuard:
+    """ASGI middleware: every /api/ request but the health check must send `Authorization: Bearer TOKEN`, or
+    is answered 401 (a plain ASGI layer: Starlette's BaseHTTPMiddleware would add a task and two streams to
+    every request)."""
+
+    def __init__(self, app, token, error):
+        self.app, self.token, self.error = app, token.encode(), error
+
+    async def __call__(self, scope, receive, send):
+        path = scope.get("path", "")
+        if scope["type"] == "http" and path.startswith("/api/") and path != "/api/health":
+            given = ""
+            for key, value in scope.get("headers", ()):
+                if key == b"authorization":
+                    given = value.decode("latin-1")
+            token = given[7:] if given.lower().startswith("bearer ") else ""
+            if not hmac.compare_digest(token.encode("latin-1", "replace"), self.token):
+                response = self.error(401, "wrong access token" if token else "this server wants its access token: "
+                                      "send the header 'Authorization: Bearer TOKEN' (the page asks for it once)")
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 def build_app(settings, extractor_factory=None, warm_up=True, ready=None, service=None):
@@ -616,7 +1032,7 @@ def build_app(settings, extractor_factory=None, warm_up=True, ready=None, servic
 
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
+    from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
     state = {}
@@ -641,12 +1057,12 @@ def build_app(settings, extractor_factory=None, warm_up=True, ready=None, servic
                   openapi_url="/api/openapi.json",
                   description="Person re-identification search over a gallery index (docs/serving.md).")
 
-    def error(status, message):
-        return JSONResponse({"error": message}, status_code=status)
+    def error(status, message, headers=None):
+        return JSONResponse({"error": message}, status_code=status, headers=headers)
 
     @app.exception_handler(ApiError)
     async def api_error(request, exc):
-        return error(exc.status, exc.message)
+        return error(exc.status, exc.message, exc.headers)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request, exc):
@@ -670,19 +1086,8 @@ def build_app(settings, extractor_factory=None, warm_up=True, ready=None, servic
                     for e in exc.errors()[:3]]
         return error(400, "; ".join(problems))
 
-    @app.middleware("http")
-    async def guard(request, call_next):
-        path = request.url.path
-        if settings.token and path.startswith("/api/") and path != "/api/health":
-            given = request.headers.get("authorization", "")
-            token = given[7:] if given.lower().startswith("bearer ") else ""
-            if not hmac.compare_digest(token.encode(), settings.token.encode()):
-                return error(401, "this server wants its access token: send the header 'Authorization: Bearer "
-                             "TOKEN' (the page asks for it once)" if not token else "wrong access token")
-        try:
-            return await call_next(request)
-        except ApiError as exc:
-            return error(exc.status, exc.message)
+    if settings.token:
+        app.add_middleware(TokenGuard, token=settings.token, error=error)
 
     def current():
         return state["service"]
@@ -712,31 +1117,46 @@ def build_app(settings, extractor_factory=None, warm_up=True, ready=None, servic
         return (_int_param(request, "topk", 10), request.query_params.get("filter", "none"),
                 request.query_params.get("method", "exact"))
 
-    def answer(entry, snap, timing):
+    def answer(body, snap, timing):
         """The JSON, the index generation searched, and where the time went (Server-Timing, milliseconds)."""
-        spent = ", ".join("%s;dur=%.1f" % (k, v * 1000) for k, v in timing.items())
-        return JSONResponse(entry, headers={"X-Index-Generation": str(snap.generation), "Server-Timing": spent})
+        spent = ", ".join("%s;dur=%.1f" % (k, timing[k] * 1000) for k in ("upload", "decode", "extract", "search")
+                          if k in timing)
+        return Response(body, media_type="application/json",
+                        headers={"X-Index-Generation": str(snap.generation), "Server-Timing": spent})
+
+    def given_ids(request):
+        return _int_param(request, "pid"), _int_param(request, "camid")
 
     @app.post("/api/search", summary="Search the gallery for an uploaded image", openapi_extra=search_doc,
               description="The JSON of one tools/search.py result, each match with its gallery id. " + params_doc)
     async def search(request: Request):
         svc = current()
         topk, mode, method = search_params(request)
-        svc.options(topk, mode, method, svc.gallery.snapshot())     # before the upload is read
-        start = time.perf_counter()
-        svc.batcher.on_the_way += 1
+        snap = svc.gallery.snapshot()
+        svc.options(topk, mode, method, snap)     # before the upload is read
+        given = given_ids(request)
+        svc.admit()
         try:
-            data, name = await _upload(request, settings)
-            timing = {"upload": time.perf_counter() - start}
-            loop = asyncio.get_running_loop()
+            query = Query(snap, topk, mode, method, asyncio.get_running_loop())
             start = time.perf_counter()
-            image = await loop.run_in_executor(svc.search_pool, decode_upload, data, settings.max_pixels)
-            timing["decode"] = time.perf_counter() - start
-            pid, camid = _query_ids(request, name)
-        finally:    # nothing awaits from here to the image's place in the queue (Service.search)
-            svc.batcher.on_the_way -= 1
-        entry, snap = await svc.search(image, name or "upload", pid, camid, topk, mode, method, timing)
-        return answer(entry, snap, timing)
+            svc.batcher.coming()
+            try:
+                body = await _read_body(request, settings.max_upload + FORM_OVERHEAD)
+            except BaseException:
+                svc.batcher.gone()
+                raise
+            upload = time.perf_counter() - start
+            content_type = request.headers.get("content-type", "")
+
+            def read():        # on a preparation thread
+                data, name = upload_image(body, content_type, settings.max_upload)
+                image = decode_upload(data, settings.max_pixels)
+                return (image, name or "upload") + _query_ids(given, name)
+            entry, snap, timing = await svc.submit(query, read)
+            timing["upload"] = upload
+            return answer(entry, snap, timing)
+        finally:
+            svc.in_flight -= 1
 
     def gallery_record(gid, request):
         svc = current()
@@ -757,17 +1177,16 @@ def build_app(settings, extractor_factory=None, warm_up=True, ready=None, servic
         svc, snap, (path, pid, camid) = gallery_record(gid, request)
         topk, mode, method = search_params(request)
         svc.options(topk, mode, method, snap)
-        loop = asyncio.get_running_loop()
-        start = time.perf_counter()
-        svc.batcher.on_the_way += 1
+        given = given_ids(request)
+        pid, camid = (given[0] if given[0] is not None else pid), (given[1] if given[1] is not None else camid)
+        svc.admit()
         try:
-            image = await loop.run_in_executor(svc.search_pool, read_gallery_image, path)
+            query = Query(snap, topk, mode, method, asyncio.get_running_loop())
+            svc.batcher.coming()
+            entry, snap, timing = await svc.submit(query, lambda: (read_gallery_image(path), path, pid, camid))
+            return answer(entry, snap, timing)
         finally:
-            svc.batcher.on_the_way -= 1
-        timing = {"decode": time.perf_counter() - start}
-        pid, camid = _int_param(request, "pid", pid), _int_param(request, "camid", camid)
-        entry, snap = await svc.search(image, path, pid, camid, topk, mode, method, timing)
-        return answer(entry, snap, timing)
+            svc.in_flight -= 1
 
     @app.get("/api/gallery/{gid}", summary="A gallery image's record: path, pid, camid")
     async def gallery_item(gid: int, request: Request):
