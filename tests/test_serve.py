@@ -1,7 +1,8 @@
 """The search server (tools/serve.py, reid/deploy/server.py): its API against tools/search.py's lists, batching
-that changes no result, bad input answered 4xx and the server still healthy (a bounded fuzz loop), the index
-replaced on disk, the access token, the real server on a free loopback port stopped by SIGTERM, and the page in
-headless Chromium (tests/test_serve_browser.py).
+that changes no result and a batch window that waits only for requests on their way, a full server's 503, bad
+input answered 4xx and the server still healthy (a bounded fuzz loop), the index replaced on disk, the access
+token, the real server on a free loopback port stopped by SIGTERM mid-upload, and the page in headless
+Chromium (tests/test_serve_browser.py); 16 clients' soak: tests/test_serve_soak.py.
 
 Cheap: the demo-width baseline (seeded, calibrated weights of tests/test_retrieval.py), op by op, over the
 synthetic target's 69 gallery images; one extractor for the module, on one model thread shared by the apps."""
@@ -155,6 +156,95 @@ def test_requests_that_arrive_together_share_one_extraction(world, model, index_
         assert service.batcher.batches - batches < 8 and service.batcher.largest > 1
         for got, want in zip(together, alone):
             assert_same_entry(got.json(), want)
+
+
+def test_a_full_server_answers_503_with_retry_after_and_serves_the_rest(world, model, index_file):
+    """At most max_queue search requests are in the server: with the model's thread held, two wait in it and a
+    third is refused at once (503, Retry-After, counted in the summary); freed, the two get their lists."""
+    files = queries(world, 3)
+    client, service = client_for(model, index_file, max_queue=2)
+    with client:
+        alone = [post_image(client, f).json() for f in files[:2]]
+        release = threading.Event()
+        held = model[0].submit(release.wait, 60)
+        with ThreadPoolExecutor(2) as pool:
+            waiting = [pool.submit(post_image, client, f) for f in files[:2]]
+            for _ in range(3000):
+                if service.in_flight == 2:
+                    break
+                time.sleep(0.01)
+            assert service.in_flight == 2
+            refused = post_image(client, files[2])
+            release.set()
+            held.result()
+            answers = [w.result(60) for w in waiting]
+        assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+        assert refused.json()["error"].startswith("the server is busy: 2 search requests are in it, its limit")
+        for got, want in zip(answers, alone):
+            assert got.status_code == 200, got.text
+            assert_same_entry(got.json(), want)
+        summary = client.get("/api/summary").json()
+        assert summary["limits"]["max_queue"] == 2
+        assert summary["batching"]["refused_busy"] == 1 and summary["batching"]["in_flight"] == 0
+
+
+class _Queued:
+    """What the Batcher reads of a request."""
+    queued, cancelled = 0.0, False
+
+
+def test_the_batch_window_waits_only_while_requests_are_on_their_way():
+    """A request alone runs at once, whatever the window; one queued while another is still on its way waits
+    for it (one batch of two); one whose companion never comes runs when the window ends; a batch holds at
+    most max_batch; a request dropped on its way (bad input) ends the wait."""
+    from reid.deploy.server import Batcher
+    ran, done = [], threading.Semaphore(0)
+
+    def run(batch):
+        ran.append(len(batch))
+        done.release()
+    pool = ThreadPoolExecutor(1)
+    try:
+        lone = Batcher(run, pool, max_batch=8, window_s=600)
+        lone.coming()
+        lone.put(_Queued())
+        assert done.acquire(timeout=60) and ran == [1]          # not the 600 s window
+
+        pair = Batcher(run, pool, max_batch=8, window_s=600)
+        pair.coming()
+        pair.coming()
+        release = threading.Event()
+        held = pool.submit(release.wait, 60)
+        pair.put(_Queued())                 # the drain starts behind `held` with one queued, one on its way
+        release.set()
+        held.result()
+        pair.put(_Queued())
+        assert done.acquire(timeout=60) and ran == [1, 2]
+
+        dropped = Batcher(run, pool, max_batch=8, window_s=600)
+        dropped.coming()
+        dropped.coming()
+        dropped.put(_Queued())
+        dropped.gone()                      # the other's upload was refused: nothing left to wait for
+        assert done.acquire(timeout=60) and ran == [1, 2, 1]
+
+        short = Batcher(run, pool, max_batch=8, window_s=0.05)
+        short.coming()
+        short.coming()
+        short.put(_Queued())                # its companion never comes: it runs once the window ends
+        assert done.acquire(timeout=60) and ran == [1, 2, 1, 1] and short.on_the_way == 1
+
+        full = Batcher(run, pool, max_batch=8, window_s=600)
+        release.clear()
+        held = pool.submit(release.wait, 60)
+        for _ in range(10):
+            full.coming()
+            full.put(_Queued())
+        release.set()
+        assert done.acquire(timeout=60) and done.acquire(timeout=60) and ran[4:] == [8, 2]
+        assert (full.batches, full.images, full.largest) == (2, 10, 8)
+    finally:
+        pool.shutdown()
 
 
 # ------------------------------------------------------------------------------------------ bad input
@@ -384,22 +474,39 @@ def start_server(args, env=None):
 
 
 def test_the_real_server_answers_and_sigterm_lets_requests_finish(world, index_file, api):
+    """SIGTERM arrives while a request is half uploaded: the server stops accepting connections, the request
+    is still answered (its lists as in-process), and the process exits 0."""
+    import http.client
+    import socket
     import httpx
     files = queries(world, 1)
     expected = post_image(api, files[0]).json()
-    proc, url = start_server(["--index", index_file, "--engine", "eager", "--batch", "4", "--batch-window-ms", "1500",
-                              "--log-level", "warning"])
+    proc, url = start_server(["--index", index_file, "--engine", "eager", "--batch", "4", "--log-level", "warning"])
     try:
         assert httpx.get(url + "api/health", timeout=30).json()["status"] == "ok"
-        box = []
-        worker = threading.Thread(target=lambda: box.append(post_image(httpx, files[0], timeout=60,
-                                                                       base=url.rstrip("/"))))
-        worker.start()
-        time.sleep(0.5)                   # the request waits in the 1.5 s collection window
+        host, port = url.split("//")[1].rstrip("/").split(":")
+        with open(files[0], "rb") as fh:
+            body = (b'--zz\r\nContent-Disposition: form-data; name="image"; filename="%s"\r\nContent-Type: image/jpeg'
+                    b"\r\n\r\n" % os.path.basename(files[0]).encode() + fh.read() + b"\r\n--zz--\r\n")
+        sock = socket.create_connection((host, int(port)), timeout=60)
+        sock.sendall(b"POST /api/search HTTP/1.1\r\nHost: %s\r\nContent-Type: multipart/form-data; boundary=zz\r\n"
+                     b"Content-Length: %d\r\n\r\n" % (host.encode(), len(body)) + body[:len(body) // 2])
         proc.send_signal(signal.SIGTERM)
-        worker.join(60)
-        assert box and box[0].status_code == 200, box and box[0].text
-        assert_same_entry(box[0].json(), expected)
+        for _ in range(600):              # until the server has stopped accepting connections
+            try:
+                socket.create_connection((host, int(port)), timeout=5).close()
+            except OSError:
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError("the server still accepts connections 30 s after SIGTERM")
+        sock.sendall(body[len(body) // 2:])
+        response = http.client.HTTPResponse(sock)
+        response.begin()
+        data = response.read()
+        sock.close()
+        assert response.status == 200, data[:300]
+        assert_same_entry(json.loads(data), expected)
         assert proc.wait(60) == 0
     finally:
         if proc.poll() is None:

@@ -818,8 +818,8 @@ class Service:
         """Count a search request in, or refuse it (503) when the server holds `max_queue` already."""
         if self.in_flight >= self.settings.max_queue:
             self.refused += 1
-            raise ApiError(503, "the server is busy: %d search requests are in it, its limit (--max-queue); "
-                           "send the request again in a moment" % self.in_flight, {"Retry-After": "1"})
+            raise ApiError(503, "the server is busy: %d search requests are in it, its limit; send the request "
+                           "again in a moment (Retry-After)" % self.in_flight, {"Retry-After": "1"})
         self.in_flight += 1
 
     def prepare(self, query, read, on_model_thread=False):
