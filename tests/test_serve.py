@@ -389,14 +389,21 @@ def test_the_page_has_no_outside_assets(api):
 
 
 # ------------------------------------------------------------------------------------------ index reload
+def half_index(full):
+    """(index, rows): every second image of the GalleryIndex `full` as an index of its own (a replacement that
+    answers differently), and the rows of `full` it holds."""
+    from reid.deploy.gallery import GalleryIndex
+    keep = list(range(0, len(full), 2))
+    return GalleryIndex(full.root, [full.paths[i] for i in keep], full.features[keep], full.pids[keep],
+                        full.camids[keep], full.sizes[keep], full.mtimes[keep], dict(full.meta, count=len(keep))), keep
+
+
 def test_a_replaced_index_is_reloaded_and_a_damaged_one_keeps_the_old(world, model, index_file, tmp_path, caplog):
-    from reid.deploy.gallery import GalleryIndex, load_index, save_index
+    from reid.deploy.gallery import load_index, save_index
     live = str(tmp_path / "live.npz")
     shutil.copy(index_file, live)
     full = load_index(index_file)
-    keep = list(range(0, len(full), 2))
-    half = GalleryIndex(full.root, [full.paths[i] for i in keep], full.features[keep], full.pids[keep],
-                        full.camids[keep], full.sizes[keep], full.mtimes[keep], dict(full.meta, count=len(keep)))
+    half, keep = half_index(full)
     files = queries(world, 2)
     client, service = client_for(model, live, reload_s=0.05)
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from tests.test_retrieval import _one_torch_thread  # noqa: F401
-from tests.test_serve import index_file, model, queries, world  # noqa: F401
+from tests.test_serve import half_index, index_file, model, queries, world  # noqa: F401
 
 pytest.importorskip("uvicorn", reason="the web modules are in requirements-torch.txt / requirements.txt")
 
@@ -166,14 +166,12 @@ def test_the_index_replaced_under_load_answers_each_request_from_one_whole_index
     answered, by the in-process result of the index generation it names (the same one for every request of
     a generation), and both indexes answered some."""
     import shutil
-    from reid.deploy.gallery import GalleryIndex, load_index, save_index
+    from reid.deploy.gallery import load_index, save_index
     from reid.deploy.server import ServeSettings, _file_stamp
     live_file = str(tmp_path / "live.npz")
     shutil.copy(index_file, live_file)
     full = load_index(index_file)
-    keep = list(range(0, len(full), 2))
-    half = GalleryIndex(full.root, [full.paths[i] for i in keep], full.features[keep], full.pids[keep],
-                        full.camids[keep], full.sizes[keep], full.mtimes[keep], dict(full.meta, count=len(keep)))
+    half = half_index(full)[0]
     files = queries(world, 21)
     expected = {"full": in_process(model, files, full), "half": in_process(model, files, half)}
     bodies = [multipart(f) for f in files]

@@ -54,7 +54,9 @@ MAX_TOPK = 100
 # search requests in the server at once (being uploaded, prepared, queued, extracted or searched); one more is
 # answered 503: the queue, and the memory its uploads hold, stay bounded
 MAX_QUEUE = 64
-INLINE_SEARCH_VALUES = 1 << 20   # gallery values (images x feature size) an exact search takes in well under 1 ms
+# gallery values (images x feature size) up to which an exact search is cheaper run where the batch is than
+# handed to the search pool
+INLINE_SEARCH_VALUES = 1 << 20
 FORM_OVERHEAD = 64 * 1024          # multipart headers and boundaries around the image, beyond the upload limit
 STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
