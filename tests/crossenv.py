@@ -115,13 +115,12 @@ class _Worker:
         return self.log.read()[-4000:]
 
     def close(self):
-        if self.proc.poll() is None:
-            try:
-                self.proc.stdin.close()
-                self.proc.wait(timeout=60)
-            except (OSError, subprocess.TimeoutExpired):
-                self.proc.kill()
-                self.proc.wait()
+        try:
+            self.proc.stdin.close()   # the child's loop ends with its stdin
+            self.proc.wait(timeout=60)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait()
         self._read.close()
         self.log.close()
 
@@ -155,18 +154,11 @@ def run_cases(backend, calls, timeout=900, fresh=False):
         return [call(t, kw) for t, kw in calls]
     if not fresh:
         return _worker(backend, calls[0][0].split(":")[0]).run(calls, timeout)
-    with tempfile.TemporaryDirectory(prefix="crossenv-") as tmp:
-        src, dst = Path(tmp) / "in.pkl", Path(tmp) / "out.pkl"
-        with open(src, "wb") as fh:
-            pickle.dump(list(calls), fh, protocol=4)
-        env = dict(os.environ, REID_BACKEND=backend, PYTHONPATH=str(ROOT))
-        proc = subprocess.run([str(PYTHONS[backend]), str(ROOT / "tests" / "_crossenv_child.py"), str(src), str(dst)],
-                              cwd=str(ROOT), env=env, capture_output=True, text=True, timeout=timeout)
-        if proc.returncode != 0:
-            raise RuntimeError("%s backend run of %s failed (rc %d):\n%s" % (
-                backend, [t for t, _ in calls], proc.returncode, proc.stderr[-4000:]))
-        with open(dst, "rb") as fh:
-            return pickle.load(fh)
+    worker = _Worker(backend, None)   # a process of its own, for these calls only
+    try:
+        return worker.run(calls, timeout)
+    finally:
+        worker.close()
 
 
 def run_case(backend, target, **kwargs):

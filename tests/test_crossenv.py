@@ -89,8 +89,9 @@ def test_make_test_runs_every_test_of_the_default_stack_exactly_once():
     """`make test` is what CI runs: it clears REID_ALLOW_MISSING_BACKEND for every pytest run; the default stack's
     suite is cut into several runs (balanced across the make jobs), which together select every test pytest
     collects in that environment exactly once; the torch run leaves none out."""
-    runs = _pytest_runs(_make_n("test"))
-    text = _make_n("test").replace("\\\n", " ")
+    planned = _make_n("test")
+    runs = _pytest_runs(planned)
+    text = planned.replace("\\\n", " ")
     assert all(("%s= " % ALLOW_MISSING) in line for line in text.splitlines() if " -m pytest" in line), text
     ms = [run for run in runs if run[0] == ".venv/bin/python"]
     torch_runs = [run for run in runs if run[0] == ".venv-torch/bin/python"]
