@@ -485,3 +485,14 @@ def load_state_dict(module, state, strict=True):
         tensor = _c.as_tensor(array.reshape(-1)).reshape(array.shape)  # ... which compat.as_tensor does
         _c.assign_(target, tensor)
     return LoadResult(missing, unexpected)
+
+
+def to_numpy(tensor):
+    """A numpy copy of a parameter or buffer (a host read)."""
+    return np.array(_c.to_numpy(tensor))
+
+
+def write(target, array):
+    """`array` written into the parameter or buffer `target` in place, float32: a graph built before goes on
+    reading it (on MindSpore's torch-API layer an in-place method gives the tensor new storage instead)."""
+    _c.assign_(target, _c.as_tensor(np.asarray(array, dtype=np.float32)))

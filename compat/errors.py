@@ -1,23 +1,3 @@
-"""Errors meant for the user: printed as one line (`error: ...`), exit status 2, no traceback."""
-import sys
-
-
-class UserError(Exception):
-    """A problem with the user's input or environment; the message names the problem and the fix."""
-
-
-def _excepthook(exc_type, exc, tb, _default=sys.excepthook):
-    if issubclass(exc_type, UserError):
-        sys.stderr.write("error: %s\n" % exc)
-        sys.stderr.flush()
-        sys.exit(2)
-    _default(exc_type, exc, tb)
-
-
-def install_excepthook():
-    """Make an uncaught UserError print one line instead of a traceback (entry points call this)."""
-    if sys.excepthook is not _excepthook:
-        sys.excepthook = _excepthook
-
-
-install_excepthook()
+"""Errors meant for the user: the project's one UserError (reid/errors.py, which imports no framework), here
+under compat's name for compat's own modules and the code that imports it from here."""
+from reid.errors import UserError, _excepthook, install_excepthook  # noqa: F401 (public here)

@@ -62,7 +62,9 @@ def batch_norm(x, running_mean, running_var, weight=None, bias=None, mode="gener
                num_splits=1):
     if mode not in MODES:
         raise ValueError("batch_norm mode must be one of general, hold, eval; got %r" % (mode,))
-    if in_graph() and _c.IS_MINDSPORE and state_through_gradients():
+    if in_graph() and _c.IS_MINDSPORE and (state_through_gradients() or (running_mean is None and mode == "hold")):
+        # (a 'hold' batch norm without running statistics, as torch's F.batch_norm(x, None, None, ..., True)
+        # takes it: the pure kernel, which writes nothing, in any graph)
         return _stateless_graph_batch_norm(x, running_mean, running_var, weight, bias, mode, momentum, eps,
                                            int(num_splits))
     if (in_graph() and _c.IS_MINDSPORE and (mode == "eval" or int(num_splits) == 1)

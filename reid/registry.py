@@ -1,5 +1,5 @@
 """Name -> constructor registries (fast-reid / timm style), shared by models and datasets."""
-from compat.errors import UserError
+from reid.errors import UserError
 
 
 class Registry(object):

@@ -1,7 +1,8 @@
 """ACL losses (docs/method.md#losses): per-domain CE, triplet (basic and meta), SCT, cluster and center losses.
 
-All take backend tensors and return a scalar tensor that is differentiable on both backends (works inside
-`compat.value_and_grad`). The per-chunk evaluation that emulates the original's 4-GPU DataParallel is the
+Plain torch: all take tensors and return a scalar tensor that is differentiable on every backend. Input checks
+that read labels on the host run op by op and are skipped while a graph is built
+(`torch.compiler.is_compiling()`). The per-chunk evaluation that emulates the original's 4-GPU DataParallel is the
 trainer's (reid/engine/objectives.py).
 """
 from reid.losses.center import center_loss

@@ -7,9 +7,8 @@ local labels, times `scale`, and averages over the domains present in the batch.
 """
 import numpy as np
 
-import compat
-from compat import F
-from compat.errors import UserError
+from compat import torch, F
+from reid.errors import UserError
 from reid.losses.utils import host_ints
 
 
@@ -27,10 +26,9 @@ def _per_sample_loss(logits, targets, epsilon):
 
 def _mean_over_non_zero(per_sample):
     # the divisor is a count of the (detached) non-zero per-sample losses, as in the original's no_grad block
-    return per_sample.sum() / (compat.detach(per_sample) != 0).float().sum().clamp(min=1.0)
+    return per_sample.sum() / (per_sample.detach() != 0).float().sum().clamp(min=1.0)
 
 
-@compat.eager_only
 def _check_epsilon(epsilon):
     if not 0.0 <= float(epsilon) < 1.0:
         raise UserError("MODEL.LOSSES.CE.EPSILON must be in [0, 1), got %r" % (epsilon,))
@@ -38,11 +36,11 @@ def _check_epsilon(epsilon):
 
 def cross_entropy_loss(logits, targets, epsilon=0.1):
     """fast-reid CE with label smoothing on one classifier: `logits` (N, C), `targets` (N,) in [0, C)."""
-    _check_epsilon(epsilon)
+    if not torch.compiler.is_compiling():
+        _check_epsilon(epsilon)
     return _mean_over_non_zero(_per_sample_loss(logits, targets, epsilon))
 
 
-@compat.eager_only
 def _check_per_domain(targets, domains, offsets, sizes):
     """The label checks of cross_entropy_per_domain (op by op only; the data layer guarantees them for compiled
     steps). Returns the present domain ids."""
@@ -95,9 +93,9 @@ def cross_entropy_per_domain(logits_list, targets, domains, offsets, epsilon=0.1
     `domains`. Compiled steps, which cannot read labels on the host, weigh every classifier by whether the batch
     holds its domain instead (`_per_domain_by_weights`).
     """
-    found = _check_per_domain(targets, domains, list(offsets), [int(l.shape[1]) for l in logits_list])
-    if compat.jit.in_graph():
+    if torch.compiler.is_compiling():
         return _per_domain_by_weights(logits_list, targets, domains, offsets, epsilon, scale)
+    found = _check_per_domain(targets, domains, list(offsets), [int(l.shape[1]) for l in logits_list])
     if present is None:
         present = found
     total = None

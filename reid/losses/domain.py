@@ -1,15 +1,13 @@
 """Domain-level losses: MetaBIN's shuffled-center L_SCT and ACL's domain-aware cluster losses on the router
 weights (docs/method.md#loss-sct, #loss-cluster). Loops run over the (at most a handful of) domains, never
 over samples."""
-import compat
-from compat import F
-from compat.errors import UserError
+from compat import torch, F
+from reid.errors import UserError
 from reid.losses.utils import host_ints, normalize, safe_norm, safe_sqrt
 
 CENTROIDS = ("scalar", "vector")
 
 
-@compat.eager_only
 def _present(domains):
     return sorted(set(host_ints(domains, "domains").tolist()))
 
@@ -50,7 +48,8 @@ def domain_sct_loss(embedding, domains, norm_feat=True, present=None):
     if norm_feat:
         embedding = normalize(embedding, axis=-1)
     masks = _domain_masks(domains, present)
-    _check_not_empty(len(masks), "domain_sct_loss")
+    if not torch.compiler.is_compiling():
+        _check_not_empty(len(masks), "domain_sct_loss")
     feat_norm = safe_norm(embedding, 1)
     terms = ()
     for mask, count, weight in masks:
@@ -61,20 +60,19 @@ def domain_sct_loss(embedding, domains, norm_feat=True, present=None):
     return _weighted_mean(terms)
 
 
-@compat.eager_only
 def _check_not_empty(count, name):
     if not count:
         raise UserError("%s got an empty batch" % name)
 
 
-@compat.eager_only
 def _check_centroid(centroid):
     if centroid not in CENTROIDS:
         raise UserError("MODEL.LOSSES.CLUSTER.CENTROID must be one of %s, got %r" % (", ".join(CENTROIDS), centroid))
 
 
 def _centroid(p, mask, count, centroid):
-    _check_centroid(centroid)
+    if not torch.compiler.is_compiling():
+        _check_centroid(centroid)
     member = p * mask.unsqueeze(1)
     if centroid == "scalar":  # the original's p[domain == d].mean(): one number over all rows and dimensions
         return member.sum() / (count * int(p.shape[1]))
@@ -85,9 +83,10 @@ def intra_cluster_loss(paths, domains, margin=0.1, centroid="scalar", present=No
     """L_intra: mean over present domains d of mean_{i in d} ReLU(||p_i - m_d||_2 - margin)^2 on p = L2-normalised
     router weights. centroid 'scalar' reproduces the original (m_d is the mean of every element of the
     domain's rows, broadcast); 'vector' uses the per-dimension centroid."""
-    p = compat.normalize(paths, 2, 1)
+    p = F.normalize(paths, 2.0, 1)
     masks = _domain_masks(domains, present)
-    _check_not_empty(len(masks), "intra_cluster_loss")
+    if not torch.compiler.is_compiling():
+        _check_not_empty(len(masks), "intra_cluster_loss")
     terms = ()
     for mask, count, weight in masks:
         m = _centroid(p, mask, count, centroid)
@@ -101,7 +100,7 @@ def inter_cluster_loss(paths, domains, margin=0.3, centroid="scalar", present=No
     intra_cluster_loss). With fewer than 2 domains present it returns the original's constant fall-back,
     domains.float().mean(), which carries no gradient (compiled, where every source domain's id comes in, the
     choice is made on the number of present pairs, as a tensor)."""
-    p = compat.normalize(paths, 2, 1)
+    p = F.normalize(paths, 2.0, 1)
     masks = _domain_masks(domains, present)
     fallback = domains.float().mean()
     if len(masks) < 2:

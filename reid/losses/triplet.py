@@ -5,9 +5,8 @@ distance matrix, never with loops over rows.
 """
 import numpy as np
 
-import compat
 from compat import torch
-from compat.errors import UserError
+from reid.errors import UserError
 from reid.losses.utils import cosine_dist, euclidean_dist, normalize
 
 _BIG = 1e9  # fast-reid's "not a candidate" offset for the min over negatives
@@ -15,7 +14,7 @@ META_MODES = ("mtrain", "mtest", "add")
 
 
 def _softmax_weights(dist, mask):
-    max_v = compat.max_values(dist * mask, 1).reshape(-1, 1)
+    max_v = torch.max(dist * mask, 1)[0].reshape(-1, 1)
     diff = dist - max_v
     z = (torch.exp(diff) * mask).sum(1).reshape(-1, 1) + 1e-6  # the original's guard against empty rows
     return torch.exp(diff) * mask / z
@@ -36,15 +35,15 @@ def hard_example_mining(dist, is_pos, is_neg):
     Distances are >= 1e-6, so the zeros that `dist * is_pos` leaves for non-positives never win the max.
     On ties the whole gradient goes to the one index max/min returns, as in fast-reid.
     """
-    dist_ap = compat.max_values(dist * is_pos, 1)
-    dist_an = compat.min_values(dist * is_neg + is_pos * _BIG, 1)
+    dist_ap = torch.max(dist * is_pos, 1)[0]
+    dist_an = torch.min(dist * is_neg + is_pos * _BIG, 1)[0]
     return dist_ap, dist_an
 
 
 def _tie_mean(dist, mask, extreme):
     """Per row, the mean of `dist` over the masked entries equal to `extreme`: the value of the row-wise
     max/min, with the gradient shared evenly among ties like torch.max(t)/torch.min(t) of a whole tensor."""
-    ties = (compat.detach(dist) == compat.detach(extreme).unsqueeze(1)).float() * mask
+    ties = (dist.detach() == extreme.detach().unsqueeze(1)).float() * mask
     # a row with candidates has at least one tie; one without (which the losses reject op by op, but the
     # compiled shared basic / meta-train graph meets when it takes the meta losses of a basic batch, weighted
     # 0: reid/engine/steps.py) gets 0 instead of 0 / 0, whose NaN a weight of 0 would not remove
@@ -57,8 +56,8 @@ def meta_hard_example_mining(dist, is_pos, is_neg):
     Every row must have a positive and a negative (the caller checks); the non-candidate entries are moved out
     of reach (0 for the max since distances are >= 1e-6, +1e9 for the min).
     """
-    ap_max = compat.max_values(dist * is_pos, 1)
-    an_min = compat.min_values(dist * is_neg + (1.0 - is_neg) * _BIG, 1)
+    ap_max = torch.max(dist * is_pos, 1)[0]
+    an_min = torch.min(dist * is_neg + (1.0 - is_neg) * _BIG, 1)[0]
     return _tie_mean(dist, is_pos, ap_max), _tie_mean(dist, is_neg, an_min)
 
 
@@ -68,19 +67,13 @@ def _ranking_loss(dist_an, dist_ap, margin):
     if margin > 0:
         return (dist_ap - dist_an + margin).clamp(min=0).mean()
     loss = torch.log1p(torch.exp(dist_ap - dist_an)).mean()  # F.soft_margin_loss's formula (no log-sum-exp trick)
-    if compat.jit.in_graph():  # compiled: no host read, the same choice as a select
-        return compat.where(torch.isinf(loss), (dist_ap - dist_an + 0.3).clamp(min=0).mean(), loss)
-    if _is_inf(loss):
+    if torch.compiler.is_compiling():  # compiled: no host read, the same choice as a select
+        return torch.where(torch.isinf(loss), (dist_ap - dist_an + 0.3).clamp(min=0).mean(), loss)
+    if bool(torch.isinf(loss)):
         return (dist_ap - dist_an + 0.3).clamp(min=0).mean()
     return loss
 
 
-@compat.eager_only
-def _is_inf(t):
-    return bool(np.isinf(float(compat.to_numpy(t))))
-
-
-@compat.eager_only
 def _check_embedding(shape, name):
     if len(shape) != 2:
         raise UserError("%s expects (N, D) embeddings, got %d dims" % (name, len(shape)))
@@ -97,7 +90,8 @@ def triplet_loss(embedding, targets, margin=0.3, norm_feat=False, hard_mining=Tr
     Distance: cosine (2 - 2cos) when norm_feat, else Euclidean sqrt(clamp(d^2, 1e-12)). Positives are the same
     id including the anchor itself; margin 0 switches to the soft-margin variant.
     """
-    _check_embedding(embedding.shape, "triplet_loss")
+    if not torch.compiler.is_compiling():
+        _check_embedding(embedding.shape, "triplet_loss")
     dist = cosine_dist(embedding, embedding) if norm_feat else euclidean_dist(embedding, embedding)
     is_pos = _same(targets)
     is_neg = 1.0 - is_pos
@@ -115,16 +109,16 @@ def meta_triplet_masks(targets, domains, mode):
     add (pos_flag [0,0,1], neg_flag [0,1,0]): positives = self or another domain, negatives = same domain and
     another id.
     """
-    _check_mask_args(mode, targets.shape, None if domains is None else domains.shape)
+    if not torch.compiler.is_compiling():
+        _check_mask_args(mode, targets.shape, None if domains is None else domains.shape)
     same_id = _same(targets)
     if mode in ("mtrain", "mtest"):
         return same_id, 1.0 - same_id
     other_domain = 1.0 - _same(domains)
-    eye = _same(compat.arange_like(int(targets.shape[0]), targets))  # the identity matrix, from ops that compile too
+    eye = _same(torch.arange(int(targets.shape[0]), device=targets.device))  # the identity matrix
     return eye + other_domain, (1.0 - same_id) * (1.0 - other_domain)  # self and other domains never overlap
 
 
-@compat.eager_only
 def _check_mask_args(mode, targets_shape, domains_shape):
     if mode not in META_MODES:
         raise UserError("meta triplet mode must be one of %s, got %r" % (", ".join(META_MODES), mode))
@@ -135,9 +129,8 @@ def _check_mask_args(mode, targets_shape, domains_shape):
                         % (int(np.prod(targets_shape)), int(np.prod(domains_shape))))
 
 
-@compat.eager_only
 def _check_negatives(is_neg, mode):
-    empty = np.nonzero(compat.to_numpy(is_neg.sum(1)) == 0)[0]
+    empty = np.nonzero(is_neg.sum(1).detach().cpu().numpy() == 0)[0]
     if empty.size:
         raise UserError("meta triplet loss ('%s'): anchor %d has no negative (every sample of its %s shares its "
                         "identity); use more identities per (chunk of the) batch or a smaller MODEL.NUM_SPLITS"
@@ -154,11 +147,13 @@ def triplet_loss_meta(embedding, targets, domains=None, mode="mtrain", margin=No
     UserError instead. With hard mining, ties share the gradient evenly (the original reduced each row with
     a whole-tensor max/min).
     """
-    _check_embedding(embedding.shape, "triplet_loss_meta")
+    if not torch.compiler.is_compiling():
+        _check_embedding(embedding.shape, "triplet_loss_meta")
     if margin is None:
         margin = 0.0 if mode == "add" else 0.3
     is_pos, is_neg = meta_triplet_masks(targets, domains, mode)
-    _check_negatives(is_neg, mode)
+    if not torch.compiler.is_compiling():
+        _check_negatives(is_neg, mode)
     if norm_feat:
         embedding = normalize(embedding, axis=-1)
     dist = euclidean_dist(embedding, embedding)

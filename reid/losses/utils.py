@@ -1,17 +1,16 @@
 """Pieces shared by the ACL losses: distances, normalisation, label bookkeeping.
 
-Everything here is torch-style code on `compat`, vectorised over samples (no Python loops over rows).
+Everything here is plain torch, vectorised over samples (no Python loops over rows).
 """
 import numpy as np
 
-import compat
-from compat import torch
-from compat.errors import UserError
+from compat import torch, F
+from reid.errors import UserError
 
 
 def normalize(x, axis=-1):
     """x / (||x||_2 + 1e-12): fast-reid's `normalize` (the epsilon is added, unlike F.normalize's clamp)."""
-    return x / (compat.vector_norm(x, 2.0, axis) + 1e-12)
+    return x / (torch.norm(x, 2.0, axis, keepdim=True) + 1e-12)
 
 
 def euclidean_dist(x, y):
@@ -24,12 +23,12 @@ def euclidean_dist(x, y):
 
 def cosine_dist(x, y):
     """(m, n) cosine distances 2 - 2 cos(x_i, y_j)."""
-    return 2 - 2 * torch.matmul(compat.normalize(x, 2, 1), compat.normalize(y, 2, 1).t())
+    return 2 - 2 * torch.matmul(F.normalize(x, 2.0, 1), F.normalize(y, 2.0, 1).t())
 
 
 def safe_sqrt(sq):
     """sqrt with value 0 and gradient 0 where sq == 0 (torch.norm's backward convention; plain sqrt gives NaN)."""
-    positive = (compat.detach(sq) > 0).float()
+    positive = (sq.detach() > 0).float()
     return (sq + (1.0 - positive)).sqrt() * positive
 
 
@@ -40,7 +39,7 @@ def safe_norm(x, dim):
 
 def host_ints(t, name):
     """A 1-D integer tensor (or array/list) as a numpy int64 array, for bookkeeping that decides Python branches."""
-    arr = np.asarray(compat.to_numpy(t) if compat.is_tensor(t) else t)
+    arr = np.asarray(t.detach().cpu().numpy() if torch.is_tensor(t) else t)
     if arr.ndim != 1:
         raise UserError("%s must be a 1-D vector of integer labels, got shape %s" % (name, arr.shape))
     if arr.size and not np.issubdtype(arr.dtype, np.integer):

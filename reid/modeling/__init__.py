@@ -12,5 +12,5 @@ from reid.modeling.heads import MetaEmbeddingHead  # noqa: F401
 from reid.modeling.meta_arch import ReIDModel  # noqa: F401
 from reid.modeling.registry import META_ARCH_REGISTRY, BACKBONE_REGISTRY, HEAD_REGISTRY  # noqa: F401
 from reid.modeling.build import build_model, build_backbone  # noqa: F401
-from reid.modeling.pretrained import load_pretrained_backbone  # noqa: F401
-from reid.modeling.utils import count_parameters, numpy_state, load_numpy_state  # noqa: F401
+from reid.modeling.pretrained import load_pretrained_backbone, numpy_state, load_numpy_state  # noqa: F401
+from reid.modeling.utils import count_parameters  # noqa: F401

@@ -4,7 +4,7 @@ from reid.modeling.backbones.resnet import ResNet, stage_blocks, stage_channels
 from reid.modeling.heads import MetaEmbeddingHead
 from reid.modeling.meta_arch import ReIDModel
 from reid.modeling.registry import BACKBONE_REGISTRY, HEAD_REGISTRY, META_ARCH_REGISTRY
-from compat.errors import UserError
+from reid.errors import UserError
 
 
 @BACKBONE_REGISTRY.register("acl_resnet50_ibn_a")

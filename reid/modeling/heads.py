@@ -2,9 +2,8 @@
 bias-free classifier per source domain, learned class centers."""
 import numpy as np
 
-import compat
-from compat import nn
-from compat.errors import UserError
+from compat import torch, nn, F
+from reid.errors import UserError
 
 from reid.modeling.layers import AvgPool, GeM, MetaBatchNorm, MetaCenters, MetaLinear
 
@@ -51,7 +50,7 @@ class MetaEmbeddingHead(nn.Module):
         if not self.training:
             return self.bottleneck(self.pool(features))
         outputs = self._train_outputs(features, paths)
-        if compat.jit.in_graph():
+        if torch.compiler.is_compiling():
             # compiled: a tuple in TRAIN_OUTPUTS order (a dict returned by a module call arrives as a tensor
             # inside a MindSpore graph); compiled callers rebuild the dict with `train_dict`
             return outputs
@@ -63,5 +62,5 @@ class MetaEmbeddingHead(nn.Module):
         logits = [c(neck) for c in self.classifiers]
         if self.scale != 1.0:
             logits = [l * self.scale for l in logits]
-        return (pooled, neck, compat.normalize(neck, 2.0, 1), logits,
+        return (pooled, neck, F.normalize(neck, 2.0, 1), logits,
                 self.center(neck) if self.center is not None else None, paths)

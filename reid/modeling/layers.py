@@ -17,16 +17,15 @@ import math
 
 import numpy as np
 
-import compat
-from compat import nn, F
-from compat.errors import UserError
+from compat import torch, nn, F
+from reid.errors import UserError
 
 BN_MODES = ("general", "hold", "eval")
 
 
 def new_parameter(array, requires_grad=True):
     """A parameter holding a float32 copy of `array`, on the current device."""
-    return nn.Parameter(compat.as_tensor(np.asarray(array, dtype=np.float32)), requires_grad=requires_grad)
+    return nn.Parameter(torch.tensor(np.asarray(array, dtype=np.float32)), requires_grad=requires_grad)
 
 
 def conv_init(shape):
@@ -41,13 +40,6 @@ def linear_init(shape):
     return np.random.uniform(-bound, bound, shape)
 
 
-def _parameter(self, name):
-    """`MetaModule._get` in compiled code, which never holds fast weights (compiled steps write them into the
-    parameters: compat/jit.py): the parameter itself, without the lookup's branches. (MindSpore binds a
-    method's first argument only when it is named `self`.)"""
-    return getattr(self, name)
-
-
 class MetaModule(nn.Module):
     """Base of every layer that owns parameters; `_get(name)` honours active fast weights."""
 
@@ -55,7 +47,6 @@ class MetaModule(nn.Module):
         super().__init__()
         object.__setattr__(self, "_fast", {})
 
-    @compat.jit.compiled_form(_parameter)
     def _get(self, name):
         if self._fast:
             value = self._fast.get(name)
@@ -101,7 +92,8 @@ class MetaBatchNorm(MetaModule):
 
     Train mode uses `_bn["mode"]` ('general' updates the running statistics, 'hold' leaves them alone);
     eval mode always uses the running statistics. `_bn["num_splits"]` > 1 computes batch statistics per
-    contiguous chunk (the original's 4-GPU DataParallel), see `compat.batch_norm`.
+    contiguous chunk (the original's 4-GPU DataParallel): statistics per chunk, the running statistics updated
+    from the first chunk only (the replica whose buffers alias the module's).
     Works on (N, C) and (N, C, H, W) inputs.
     """
 
@@ -110,15 +102,34 @@ class MetaBatchNorm(MetaModule):
         self.num_features, self.eps, self.momentum, self.bias_freeze = num_features, eps, momentum, bias_freeze
         self.weight = new_parameter(np.full(num_features, float(weight_init)))
         self.bias = new_parameter(np.zeros(num_features), requires_grad=not bias_freeze)
-        # state buffers: compiled training steps update them in place (compat/jit.py)
-        self.register_buffer("running_mean", compat.state_buffer(np.zeros(num_features)))
-        self.register_buffer("running_var", compat.state_buffer(np.ones(num_features)))
+        self.register_buffer("running_mean", torch.zeros(num_features))
+        self.register_buffer("running_var", torch.ones(num_features))
         object.__setattr__(self, "_bn", {"mode": "general", "num_splits": 1})
 
     def forward(self, x):
+        weight, bias = self._get("weight"), self._get("bias")
         mode = self._bn["mode"] if self.training else "eval"
-        return compat.batch_norm(x, self.running_mean, self.running_var, self._get("weight"), self._get("bias"),
-                                 mode, self.momentum, self.eps, self._bn["num_splits"])
+        if mode == "eval":
+            return F.batch_norm(x, self.running_mean, self.running_var, weight, bias, False, 0.0, self.eps)
+        # 'general' updates the running statistics, 'hold' leaves them alone
+        mean, var = (self.running_mean, self.running_var) if mode == "general" else (None, None)
+        splits = self._bn["num_splits"]
+        if splits == 1:
+            return F.batch_norm(x, mean, var, weight, bias, True, self.momentum, self.eps)
+        if not torch.compiler.is_compiling():
+            _check_split(x.shape[0], splits)
+        size = x.shape[0] // splits
+        chunks = (F.batch_norm(x[:size], mean, var, weight, bias, True, self.momentum, self.eps),)
+        for i in range(1, splits):
+            chunks = chunks + (F.batch_norm(x[i * size:(i + 1) * size], None, None, weight, bias, True,
+                                            self.momentum, self.eps),)
+        return torch.cat(chunks, 0)
+
+
+def _check_split(n, num_splits):
+    if n % num_splits:
+        raise UserError("batch of %d cannot be split into MODEL.NUM_SPLITS=%d equal chunks; make the batch size a "
+                        "multiple of NUM_SPLITS" % (n, num_splits))
 
 
 class MetaInstanceNorm(MetaModule):
@@ -137,7 +148,7 @@ class MetaInstanceNorm(MetaModule):
     def forward(self, x):
         if x.shape[2] == 1:
             return x * 0.0
-        return compat.instance_norm(x, self._get("weight"), self._get("bias"), self.eps)
+        return F.instance_norm(x, None, None, self._get("weight"), self._get("bias"), True, 0.1, self.eps)
 
 
 class MetaIBN(nn.Module):
@@ -153,7 +164,7 @@ class MetaIBN(nn.Module):
         self.BN = MetaBatchNorm(num_features - self.half)
 
     def forward(self, x):
-        return compat.torch.cat((self.IN(x[:, :self.half]), self.BN(x[:, self.half:])), 1)
+        return torch.cat((self.IN(x[:, :self.half]), self.BN(x[:, self.half:])), 1)
 
 
 def spatial_mean(x):
@@ -168,10 +179,11 @@ def spatial_mean(x):
 def scale_channels(x, s):
     """x (N, C, H, W) times s (N, C), one factor per sample and channel, written on the (N*C, H*W) view: the
     gradient of s is then a sum over the last axis of a matrix (fast on MindSpore, see spatial_mean) rather
-    than over two axes of a 4-D map. The broadcast is never implicit (docs/performance.md#graph-memory):
-    `compat.scale_rows` writes it out (compiled on MindSpore as a Tile, faster than BroadcastTo)."""
+    than over two axes of a 4-D map, and the product is `torch.mul` of a matrix by a column, never an implicit
+    broadcast over a feature map (docs/performance.md#graph-memory): compat's graph form of it tiles the column
+    (faster than MindSpore's CPU BroadcastTo) with the backward written out."""
     n, c, h, w = x.shape
-    return compat.scale_rows(x.reshape(n * c, h * w), s.reshape(n * c, 1)).reshape(n, c, h, w)
+    return torch.mul(x.reshape(n * c, h * w), s.reshape(n * c, 1)).reshape(n, c, h, w)
 
 
 class MetaGate(MetaModule):
@@ -183,7 +195,7 @@ class MetaGate(MetaModule):
 
     def forward(self, a, b):
         n, c = a.shape[0], a.shape[1]
-        g = compat.torch.sigmoid(self._get("gate")).reshape(1, c).broadcast_to((n, c))
+        g = torch.sigmoid(self._get("gate")).reshape(1, c).broadcast_to((n, c))
         return scale_channels(a, g) + scale_channels(b, 1.0 - g)
 
 
@@ -196,7 +208,7 @@ class MetaCenters(MetaModule):
 
     def forward(self, x):
         c = self._get("centers")
-        return (x * x).sum(1).reshape(-1, 1) + (c * c).sum(1).reshape(1, -1) - 2.0 * compat.torch.matmul(x, c.t())
+        return (x * x).sum(1).reshape(-1, 1) + (c * c).sum(1).reshape(1, -1) - 2.0 * torch.matmul(x, c.t())
 
 
 class GeM(nn.Module):
@@ -233,7 +245,7 @@ def fast_weights(model, weights):
     """Within the block, each layer uses `weights[full_name]` instead of that parameter.
 
     `weights` maps `model.named_parameters()` names to tensors of the parameter's shape (typically
-    θ - α·g built inside a `compat.value_and_grad` function, so the loss stays differentiable w.r.t. θ).
+    θ - α·g built inside the differentiated function, so the loss stays differentiable w.r.t. θ).
     Parameters not named keep their own values. Blocks nest; the inner one wins for names it sets.
     """
     owners = _meta_owners(model)

@@ -2,20 +2,12 @@
 run the backbone and the embedding head (contract in docs/architecture.md and docs/model.md)."""
 import numpy as np
 
-import compat
-from compat import nn
-from compat.errors import UserError
+from compat import torch, nn
+from reid.errors import UserError
 
 from reid.modeling.layers import set_num_splits
 
 
-@compat.eager_only
-def _add_pixel_constants(pixel, key):
-    if key not in pixel:
-        pixel[key] = (compat.as_tensor(pixel["mean"]), compat.as_tensor(pixel["std"]))
-
-
-@compat.eager_only
 def _check_images(shape):
     if len(shape) != 4 or shape[1] != 3:
         raise UserError("the model expects images of shape (N, 3, H, W), got %s" % (tuple(shape),))
@@ -36,7 +28,7 @@ class ReIDModel(nn.Module):
         # plain-dict constants (not buffers: they are no state to save)
         object.__setattr__(self, "_pixel", {"mean": mean.reshape(1, 3, 1, 1), "std": std.reshape(1, 3, 1, 1)})
         self.num_splits = num_splits
-        self._constants()
+        self._pixel["tensors"] = (torch.tensor(self._pixel["mean"]), torch.tensor(self._pixel["std"]))
         # TEST.JIT: evaluation runs the compiled forward (compat/jit.py); `compiled` caches it, built on first
         # use. `graph_key`: what a compiled graph of this model bakes in beyond its parameters' shapes (the
         # model config, reid.modeling.build.graph_key), naming its entry in the compile cache; None: not cached
@@ -63,14 +55,17 @@ class ReIDModel(nn.Module):
         """Global label of each domain's first identity: [0, n_0, n_0 + n_1, ...]."""
         return [int(v) for v in np.cumsum([0] + self.num_classes[:-1])]
 
-    def _constants(self):
-        key = compat.current_device()
-        _add_pixel_constants(self._pixel, key)  # per device (torch places tensors); compiled code reads them
-        return self._pixel[key]
+    def _to_device(self, device):
+        """The pixel constants on `device` (moved once, where the images are)."""
+        mean, std = self._pixel["tensors"]
+        if mean.device != device:
+            self._pixel["tensors"] = (mean.to(device), std.to(device))
 
     def preprocess(self, images):
-        _check_images(images.shape)
-        mean, std = self._constants()
+        if not torch.compiler.is_compiling():  # (compiled code reads the constants as they were when it was built)
+            _check_images(images.shape)
+            self._to_device(images.device)
+        mean, std = self._pixel["tensors"]
         return (images - mean.expand_as(images)) / std.expand_as(images)
 
     def forward(self, images):

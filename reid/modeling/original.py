@@ -20,7 +20,7 @@ import re
 
 import numpy as np
 
-from compat.errors import UserError
+from reid.errors import UserError
 
 # (this project's name prefix, the original's name prefix); the rest of a name (conv1.weight, bn1.IN.bias,
 # fc2.weight, gate, running_var ...) is the same on both sides. {s}: a stage (1-4); {d}: a source domain,

@@ -25,13 +25,48 @@ import os
 
 import numpy as np
 
-from compat import checkpoint
-from compat.errors import UserError
+from reid.errors import UserError
 
 from reid.modeling.backbones.acl_resnet import ACLResNet
 from reid.modeling.backbones.resnet import RESNET50_BLOCKS, ResNet
 from reid.modeling.original import our_state, strip_module_prefix, sub_state
-from reid.modeling.utils import load_numpy_state, numpy_state
+from reid.modeling.utils import named_state
+
+
+def _checkpoint():
+    """compat.checkpoint: torch's file format read without torch, weights written in place (the package's one seam
+    into compat, imported on first use so that the model code itself needs only the torch API)."""
+    from compat import checkpoint
+    return checkpoint
+
+
+def numpy_state(module):
+    """{name: numpy copy} of every parameter and buffer (`named_parameters()` / `named_buffers()` names)."""
+    return {k: _checkpoint().to_numpy(v) for k, v in named_state(module).items()}
+
+
+def load_numpy_state(module, state, strict=True):
+    """Copy numpy arrays into the parameters / buffers of the same name, in place (compat.checkpoint: a built
+    graph goes on reading them). strict: every name must be present on both sides. Returns the names that were
+    loaded."""
+    targets = named_state(module)
+    if strict:
+        missing = sorted(set(targets) - set(state))
+        unexpected = sorted(set(state) - set(targets))
+        if missing or unexpected:
+            raise UserError("state does not match the model: missing %s, unexpected %s"
+                            % (missing[:5] or "none", unexpected[:5] or "none"))
+    loaded = []
+    for name, target in targets.items():
+        if name not in state:
+            continue
+        value = np.asarray(state[name], dtype=np.float32)
+        if tuple(value.shape) != tuple(target.shape):
+            raise UserError("%s: shape %s in the state, %s in the model" % (name, tuple(value.shape),
+                                                                          tuple(target.shape)))
+        _checkpoint().write(target, value)
+        loaded.append(name)
+    return loaded
 
 
 def read_checkpoint(path):
@@ -43,7 +78,7 @@ def read_checkpoint(path):
     if not os.path.isfile(path):
         raise UserError("pretrained weights %s do not exist; download resnet50_ibn_a-d9d0bb7b.pth (IBN-Net release "
                         "v1.0) and set MODEL.BACKBONE.PRETRAIN_PATH to it" % path)
-    state = checkpoint.load(path)
+    state = _checkpoint().load(path)
     for entry in ("model", "state_dict"):   # a training checkpoint (fast-reid's and ours), a wrapped state dict
         if isinstance(state, dict) and isinstance(state.get(entry), dict):
             state = state[entry]
@@ -150,7 +185,7 @@ def load_pretrained_backbone(model, source):
     trained = trained_acl_backbone(ckpt, where, notes.append)
     if trained is not None:
         # a trained ACL network (ours or the original's) starts this one: every backbone tensor by name
-        checkpoint.load_state_dict(backbone, trained)
+        _checkpoint().load_state_dict(backbone, trained)
         print("%s: a trained ACL backbone, its %d tensors loaded by name (no ImageNet weight surgery)%s"
               % (where, len(trained), "".join("; " + note for note in notes)))
         return list(trained)

@@ -125,7 +125,11 @@ def after_import(torch):
 
 
 def functional(F):
-    return F
+    """The layer's own `nn.functional`, with compat's `batch_norm`, `instance_norm` and `normalize` in place of its
+    own (compat/torch_forms.py: torch's semantics, op by op and in graphs): the layer's batch norm swaps the affine
+    and the running statistics (the batch-norm row), its normalize has another eps and no graph form."""
+    from compat import torch_forms
+    return torch_forms.install(F)
 
 
 def graph_forms(on):

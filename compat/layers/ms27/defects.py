@@ -28,11 +28,34 @@ def apply(torch):
     """Apply the shims this layer needs (`torch` = the top-level `mindtorch`); return what was done."""
     done = []
     for shim in (_identity_cast, _mindspore_dtype_names, _tensor_device_default, _move_to_same_device,
-                 _vector_norm, _cross_entropy, _batch_norm_arguments, _map_workers_quit):
+                 _vector_norm, _cross_entropy, _batch_norm_arguments, _map_workers_quit,
+                 _float_buffers_as_parameters):
         what = shim(torch)
         if what:
             done.append(what)
     return done
+
+
+def _float_buffers_as_parameters(torch):
+    """A MindSpore graph writes only Parameters: a float buffer a module registers (`register_buffer`, e.g. the
+    running statistics a batch norm keeps) becomes a Parameter without gradient, which compiled steps update in
+    place (and `compat.jit.prepare` names); the module still holds it as a buffer (`named_buffers`, its
+    state_dict). Model code registers its buffers as on torch."""
+    import mindspore
+    module = torch.nn.Module
+    original = module.register_buffer
+    if getattr(original, "_float_buffers_as_parameters", False):
+        return None
+
+    def register_buffer(self, name, tensor, persistent=True):
+        if (tensor is not None and not isinstance(tensor, mindspore.Parameter)
+                and tensor.dtype == mindspore.float32):
+            tensor = torch.nn.Parameter(tensor, requires_grad=False)
+        return original(self, name, tensor, persistent)
+    register_buffer._float_buffers_as_parameters = True
+    register_buffer.__doc__ = original.__doc__
+    module.register_buffer = register_buffer
+    return "float buffers registered as Parameters without gradient"
 
 
 def _identity_cast(torch):

@@ -67,6 +67,9 @@ def _targets():
     forms = globals()
     targets += [(torch, name, forms["torch_" + name]) for name in TORCH]
     targets += [(F, name, forms["F_" + name]) for name in FUNCTIONAL]
+    # `torch.compiler.is_compiling()` True while a graph is built: model code skips its host-side checks then,
+    # as on torch under torch.compile
+    targets.append((torch.compiler, "is_compiling", _compiling_c))
     return targets
 
 
@@ -95,7 +98,8 @@ _ABSENT = object()
 # op by op run the same kernels: MindSpore's newer functional ops, e.g. `ops.matmul`, are other kernels that
 # round differently); the arguments compiled code passes must be the graph's constants where MindSpore wants
 # them (dims, class counts, conv configuration)
-TORCH = ("cat", "exp", "log", "log1p", "sigmoid", "sqrt", "isinf", "matmul", "bmm", "arange", "maximum")
+TORCH = ("cat", "exp", "log", "log1p", "sigmoid", "sqrt", "isinf", "matmul", "bmm", "arange", "maximum", "max", "min",
+         "where", "norm", "ones", "mul")
 FUNCTIONAL = ("conv2d", "linear", "relu", "softmax", "log_softmax", "one_hot", "max_pool2d")
 
 
@@ -149,9 +153,53 @@ def torch_maximum(input, other):
     return _MAXIMUM(input, other)
 
 
-def torch_arange(end):
-    """int64 0..end-1 as the layer's (which takes it from numpy): a constant of the graph."""
+def torch_arange(end, dtype=None, device=None):
+    """int64 0..end-1 as the layer's (which takes it from numpy): a constant of the graph (MindSpore's device is
+    global: `device` is not read)."""
     return _arange_c(end)
+
+
+def torch_max(input, dim=None, keepdim=False):
+    """torch.max(x) (the maximum) or torch.max(x, dim) -> (values, indices) from ArgMaxWithValue, the kernel the
+    layer runs op by op (so the gradient goes to the same index on ties). (The layer's builds a named tuple.)"""
+    if dim is None:
+        return _REDUCE_MAX(input)
+    out = _prim_c("ArgMaxWithValue", dim, keepdim)(input)
+    return out[1], out[0]
+
+
+def torch_min(input, dim=None, keepdim=False):
+    """torch.min(x) or torch.min(x, dim) -> (values, indices), as torch_max."""
+    if dim is None:
+        return _REDUCE_MIN(input)
+    out = _prim_c("ArgMinWithValue", dim, keepdim)(input)
+    return out[1], out[0]
+
+
+def torch_where(condition, input, other):
+    """torch.where(condition, x, y) as a select (the layer's torch.where does not parse)."""
+    return _ops.select(condition, input, other)
+
+
+def torch_norm(input, p="fro", dim=None, keepdim=False, dtype=None):
+    """torch.norm over one dim: compat.functional.vector_norm (the layer's LpNorm kernel, or reductions in an
+    exported file)."""
+    norm = _functional.vector_norm(input, 2.0 if p == "fro" else p, dim)
+    return norm if keepdim else _ops.squeeze(norm, dim)
+
+
+def torch_ones(*size, dtype=None, device=None):
+    """torch.ones(*size) (or of one size tuple), float32 unless `dtype`: a Fill of a constant shape."""
+    return _FILL(_mstype.float32 if dtype is None else dtype, _size_c(size), 1.0)
+
+
+def torch_mul(input, other):
+    """torch.mul; a matrix (R, M) times a column (R, 1) (one factor per row, implicitly broadcast) as
+    compat.functional.scale_rows: the column tiled (faster than MindSpore's CPU BroadcastTo), the backward
+    written out, the same values and gradients as the broadcast product op by op."""
+    if _scales_rows_c(input.shape, other.shape):
+        return _functional.scale_rows(input, other)
+    return _MUL(input, other)
 
 
 def _arange(end):
@@ -187,8 +235,24 @@ def F_one_hot(tensor, num_classes=-1):
 
 
 def F_max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
-    """Floor mode, no padding or indices: what the exported network runs."""
+    """No padding or indices: floor mode (what the exported network runs), or ceil mode as
+    compat.functional.max_pool2d_ceil (the plain kernel on a map padded with -inf)."""
+    if ceil_mode:
+        return _functional.max_pool2d_ceil(input, kernel_size, stride if stride is not None else kernel_size)
     return _prim_c("MaxPool", kernel_size, stride if stride is not None else kernel_size)(input)
+
+
+def _compiling():
+    return True
+
+
+def _size(size):
+    return tuple(int(n) for n in (size[0] if len(size) == 1 and isinstance(size[0], (tuple, list)) else size))
+
+
+def _scales_rows(shape, other):
+    return len(shape) == 2 and len(other) == 2 and int(other[1]) == 1 and int(shape[1]) != 1 \
+        and int(other[0]) == int(shape[0])
 
 
 def _prim(name, *attrs):
@@ -215,4 +279,10 @@ if _c.IS_MINDSPORE:
     _TRANSPOSE, _ADD = _P.Transpose(), _P.Add()
     _ON, _OFF = _ms.Tensor(1, _ms.int64), _ms.Tensor(0, _ms.int64)
     _prim_c = _ops.constexpr(_prim, check=False)
+    _size_c = _ops.constexpr(_size, check=False)
+    _scales_rows_c = _ops.constexpr(_scales_rows, check=False)
+    _compiling_c = _ops.constexpr(_compiling, check=False)
+    _REDUCE_MAX, _REDUCE_MIN, _MUL, _FILL = _P.ReduceMax(), _P.ReduceMin(), _P.Mul(), _P.Fill()
+    from mindspore.common import dtype as _mstype
+    from compat import functional as _functional
     _arange_c = _ops.constexpr(_arange, check=False)

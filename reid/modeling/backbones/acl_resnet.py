@@ -20,9 +20,8 @@ ACL's network learn as fast as the plain ResNet (docs/demo.md).
 Left out as dead code of the original: the router's `fc_classifier` (its logits reach no loss) and the
 side outputs `map1..4` (BN + L2norm of each stage, discarded by the meta-architecture).
 """
-import compat
-from compat import nn, F, torch
-from compat.errors import UserError
+from compat import torch, nn, F
+from reid.errors import UserError
 
 from reid.modeling.backbones.resnet import Bottleneck, add_stem_and_stages, check_stride, check_width, stem_forward
 from reid.modeling.layers import MetaBatchNorm, MetaConv2d, MetaGate, MetaIBN, MetaLinear, scale_channels, spatial_mean
@@ -56,7 +55,7 @@ class HyperRouter(nn.Module):
     def forward(self, x):
         n = x.shape[0]
         g = spatial_mean(x)
-        h = F.relu(compat.normalize(self.fc1(g), 2.0, -1))
+        h = F.relu(F.normalize(self.fc1(g), 2.0, -1))
         w = self.fc2(h).reshape(n, self.channels, self.num_experts)
         logits = torch.bmm(g.reshape(n, 1, self.channels), w).reshape(n, self.num_experts)
         return F.softmax(logits, -1)
@@ -91,8 +90,11 @@ class ExpertBottleneck(nn.Module):
         out = F.relu(self.bn1(F.conv2d(x, self.conv1._get("weight"))))   # = the grouped conv1 on x repeated K times
         out = F.relu(self.bn2(self.conv2(out)))
         out = self.bn3(self.conv3(out)).reshape(n, self.num_experts, c * h * w)
-        # the residual x of every expert: broadcast over the experts (compat.broadcast_rows: a view on torch)
-        out = out + compat.broadcast_rows(x.reshape(n, 1, c * h * w), self.num_experts)
+        # the residual x of every expert, broadcast over the experts as a batched product with a column of ones
+        # (exact): its gradient, the sum over the experts, is a matrix product too, where the gradient of an
+        # expand is a sum over a middle axis, several times slower on MindSpore's CPU kernels (bench/reductions.py)
+        ones = torch.ones(n, self.num_experts, 1, dtype=x.dtype, device=x.device)
+        out = out + torch.bmm(ones, x.reshape(n, 1, c * h * w))
         return F.relu(out).reshape(n, self.num_experts, c, h, w)
 
 

@@ -5,9 +5,8 @@ Widths scale with `base_width` (64 = ResNet-50): stage s has `base_width * 2**s`
 output channels. Names follow torchvision / IBN-Net (`conv1`, `bn1`, `layer1.0.bn1.IN.weight`,
 `layer1.0.downsample.0.weight` ...), so ImageNet checkpoints load by name.
 """
-import compat
 from compat import nn, F
-from compat.errors import UserError
+from reid.errors import UserError
 
 from reid.modeling.layers import MetaBatchNorm, MetaConv2d, MetaIBN, MetaInstanceNorm
 
@@ -114,7 +113,7 @@ def add_stem_and_stages(module, base_width, last_stride, with_ibn, blocks, after
 
 
 def stem_forward(module, x):
-    return compat.max_pool2d_ceil(F.relu(module.bn1(module.conv1(x))), 3, 2)  # ceil mode, as the original
+    return F.max_pool2d(F.relu(module.bn1(module.conv1(x))), 3, 2, 0, 1, True)  # ceil mode, as the original
 
 
 class ResNet(nn.Module):
