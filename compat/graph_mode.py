@@ -1,5 +1,5 @@
 """What code that may run inside a compiled graph asks about the build: whether a graph is being built now
-(`in_graph`, `state_through_gradients`), and the decorator that keeps Python-only code out of it
+(`in_graph`, `in_grad_graph`), and the decorator that keeps Python-only code out of it
 (`eager_only`). compat.jit sets the flags around each build (`set_building`) and re-exports the three names,
 their public home (`compat.jit.in_graph`, `compat.eager_only`); the modules below it (compat.norm,
 compat.functional, the layers' graph modules) import them from here, so that compat.jit may use them without
@@ -28,11 +28,9 @@ def in_graph():
     return _state["graph"]
 
 
-def state_through_gradients():
-    """True while MindSpore builds a differentiated graph (`value_and_grad`) on a MindSpore that cannot run
-    side effects in one (MindSpore 2.7: `compat.jit.stateless_steps`). Code that updates module state (the
-    batch norms' running statistics) then writes nothing in the graph: it hands the update out through the
-    gradient of the state Parameter (`compat.norm`), and `value_and_grad` applies it after the call."""
+def in_grad_graph():
+    """True while MindSpore builds a differentiated graph (`compat.jit.value_and_grad`, where
+    `compat.jit.grad_graph_forms()`): the batch norms then take the forms such a graph needs (`compat.norm`)."""
     return _state["grad_graph"]
 
 

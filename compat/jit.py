@@ -90,7 +90,7 @@ import numpy as np
 import compat as _c
 from compat import allocator
 from compat.graph_mode import (eager_only, exporting, in_graph, set_building,  # noqa: F401 (public here)
-                               state_through_gradients)
+                               in_grad_graph)
 
 _state = {"threads": None, "cache_dir": None, "source": None, "helper_thread": True, "helper": None}
 log = print  # replaced by callers that log elsewhere; the compile-time line is printed once per graph
@@ -138,7 +138,7 @@ def _swap_forms(graph):
 @contextlib.contextmanager
 def building(grad=False, export=False):
     """Around MindSpore's parse of the project's code (a compiled function's first call; on a layer that
-    `BUILDS_THROUGH_FORMS` also an export, `export` True): `in_graph()` True (`grad`: `state_through_gradients()`
+    `BUILDS_THROUGH_FORMS` also an export, `export` True): `in_graph()` True (`grad`: `in_grad_graph()`
     too; `export`: `exporting()`), the compiled forms in place and the torch-API layer's graph forms
     (compat/layers/)."""
     set_building(True, grad, export)
@@ -207,18 +207,17 @@ def _direct_construct(model):
 
 
 def steps_supported():
-    """Whether compiled training steps (MODEL.JIT) build on this stack: on MindSpore (through `stateless_steps`
+    """Whether compiled training steps (MODEL.JIT) build on this stack: on MindSpore (through `grad_graph_forms`
     and the layer's graph forms, compat/layers/ms27/graph.py)."""
     return _c.IS_MINDSPORE
 
 
-def stateless_steps():
-    """Whether differentiated graphs are built free of side effects here: on MindSpore. The batch norms' running
-    statistics then leave a training-step graph as gradients (the statistics tap of `compat.norm`) and
-    `value_and_grad` applies them after the call, and its aux dicts leave as tuples: a dict output of a
-    differentiated graph fails to build on 2.7 (`repros/ms27_defects.py dict-aux`). Graphs with the batch norms'
-    writes inside do build on 2.7 and run as fast (`repros/ms27_defects.py side-effects`:
-    docs/ms27.md#compiled-execution); compat keeps one way on it."""
+def grad_graph_forms():
+    """Whether differentiated graphs are built with forms of their own here (on MindSpore), `in_grad_graph()`
+    True while they are built: the batch norms run the pure training kernel and write their running statistics
+    with an Assign inside the graph (compat.norm: a write the graph keeps also where the batch norm's output
+    does not reach the loss), and aux dicts leave as tuples: a dict output of a differentiated graph fails to
+    build on 2.7 (`repros/ms27_defects.py dict-aux`; docs/ms27.md#stateless-steps)."""
     return _c.IS_MINDSPORE
 
 
@@ -650,26 +649,23 @@ def compiled(fn, name, owner=None, key=None):
     return call
 
 
-def value_and_grad(fn, params, name, state=()):
+def value_and_grad(fn, params, name):
     """Compiled counterpart of `compat.value_and_grad`: `fn(*args)` returns a scalar loss or (loss, aux), aux a
     dict of scalars or a tuple of such dicts; the call returns (loss, aux, grads), one gradient per parameter
     (zero where unused). On torch this is `compat.value_and_grad` (eager). Never cached: MindSpore cannot
     write these graphs to its compile cache ("Cannot export a interpret node in MindIR").
 
-    `state`: the Parameters `fn` updates as module state (running statistics), in a graph built in a mode
-    that updates them. Where the graph cannot hold side effects (`stateless_steps`: MindSpore) the graph is built with
-    `state_through_gradients()` True: the updates come back as the gradients of these Parameters, added to them here
-    after the call, so the caller sees the same effect (`call(..., update_state=False)` drops it;
-    `call.state_outside` says whether the update is applied here or inside the graph). There, too, aux dicts leave
-    the graph as tuples of values (a dict output of a differentiated graph fails to build on 2.7) and are rebuilt
-    here with the keys read while it was built."""
-    params, state = list(params), list(state)
+    The graph is built with `in_grad_graph()` True (`grad_graph_forms`: MindSpore): its batch norms run
+    the pure training kernel and write their running statistics with an Assign in the graph (compat.norm), so
+    the call updates them as the same code op by op does; aux dicts leave the graph as tuples of values (a dict
+    output of a differentiated graph fails to build on 2.7) and are rebuilt here with the keys read while it
+    was built."""
+    params = list(params)
     if not _c.IS_MINDSPORE:
         return _c.value_and_grad(fn, params)
     import mindspore
     torch = _c.torch
-    stateless = stateless_steps()
-    state = state if stateless else []
+    stateless = grad_graph_forms()
     token = "%s#%d" % (name, len(_AUX_KEYS))   # this graph's entry in _AUX_KEYS (names repeat across models)
     _AUX_KEYS[token] = {}
     def loss_and_aux(*args):
@@ -692,7 +688,7 @@ def value_and_grad(fn, params, name, state=()):
             return loss, values
         return loss, aux
 
-    grad_fn = mindspore.value_and_grad(loss_and_aux, None, params + state, has_aux=True)
+    grad_fn = mindspore.value_and_grad(loss_and_aux, None, params, has_aux=True)
 
     def graph_fn(*args):
         (loss, aux), grads = grad_fn(*args)
@@ -700,19 +696,14 @@ def value_and_grad(fn, params, name, state=()):
     graph_fn.__name__ = graph_fn.__qualname__ = name
     run = _Timed(_jit(graph_fn), name, grad=stateless)
 
-    def call(*args, update_state=True):
+    def call(*args):
         loss, aux, grads = run(*args)
         if _c.is_tensor(aux):
             aux = None
         else:
             aux = _cast_tree(_with_keys(aux, _AUX_KEYS[token] or None), torch)
-        n = len(params)
-        if update_state:
-            for p, step in zip(state, grads[n:]):
-                _ms_ops.assign_add(p, step)
-        return _cast_tree(loss, torch), aux, tuple(_cast_tree(g, torch) for g in grads[:n])
+        return _cast_tree(loss, torch), aux, tuple(_cast_tree(g, torch) for g in grads)
     call.graph = run
-    call.state_outside = bool(state)  # the state update is applied here (update_state=False: dropped)
     return call
 
 

@@ -21,7 +21,7 @@ import numpy as np
 
 import compat as _c
 from compat.errors import UserError
-from compat.graph_mode import eager_only, in_graph, state_through_gradients
+from compat.graph_mode import eager_only, in_graph, in_grad_graph
 from compat.tensor import assign_
 
 MODES = ("general", "hold", "eval")
@@ -62,7 +62,7 @@ def batch_norm(x, running_mean, running_var, weight=None, bias=None, mode="gener
                num_splits=1):
     if mode not in MODES:
         raise ValueError("batch_norm mode must be one of general, hold, eval; got %r" % (mode,))
-    if in_graph() and _c.IS_MINDSPORE and (state_through_gradients() or (running_mean is None and mode == "hold")):
+    if in_graph() and _c.IS_MINDSPORE and (in_grad_graph() or (running_mean is None and mode == "hold")):
         # (a 'hold' batch norm without running statistics, as torch's F.batch_norm(x, None, None, ..., True)
         # takes it: the pure kernel, which writes nothing, in any graph)
         return _stateless_graph_batch_norm(x, running_mean, running_var, weight, bias, mode, momentum, eps,
@@ -256,12 +256,13 @@ def _graph_batch_norm(x, running_mean, running_var, weight, bias, mode, momentum
 
 
 def _stateless_graph_batch_norm(x, running_mean, running_var, weight, bias, mode, momentum, eps, num_splits):
-    """Batch norm inside a differentiated graph where steps are built without side effects (MindSpore 2.7:
-    `compat.jit.stateless_steps`, `compat.jit.state_through_gradients`): no Parameter is written in the graph (the
-    fused kernel's moving statistics, the Assign of torch's update). The kernel runs as a pure op (`_stateless_bn`)
-    and, in mode 'general', torch's running-statistics update leaves the graph as the gradient of the running
-    statistics (`_statistics_tap`): `compat.jit.value_and_grad` adds it to them after the call. Chunks (`num_splits`
-    > 1) as `_split_batch_norm`: statistics per chunk, the update from chunk 0."""
+    """Batch norm inside a differentiated graph (`compat.jit.value_and_grad`, `in_grad_graph()`): the
+    training kernel runs as a pure op (`_stateless_bn`, which writes no moving statistics and takes tensors for
+    the affine, fast weights among them), and in mode 'general' torch's running-statistics update is written
+    into the running statistics by an Assign in the graph (`_graph_train_bn`). The write is a side effect the
+    graph keeps whether or not the output reaches the loss: a call made for its running statistics only
+    (the first chunk of reid's split batch norm) updates them too. Chunks (`num_splits` > 1): statistics per
+    chunk, the update from chunk 0."""
     shape = x.shape
     x4 = _RESHAPE(x, _shape4_c(shape)) if len(shape) < 4 else x
     channels = _channels_c(shape)
@@ -271,13 +272,13 @@ def _stateless_graph_batch_norm(x, running_mean, running_var, weight, bias, mode
     if mode == "eval":
         y = _bn_prim_c(False, eps)(x4, scale, offset, running_mean, running_var)[0]
     elif num_splits == 1:
-        y = _tapped_bn(x4, scale, offset, running_mean, running_var, mode, momentum, eps, ones, zeros)
+        y = _graph_train_bn(x4, scale, offset, running_mean, running_var, mode, momentum, eps, ones, zeros)
     else:
         size = shape[0] // num_splits
         outs = ()
         for i in range(num_splits):
             part = x4[i * size:(i + 1) * size]
-            outs = outs + (_tapped_bn(part, scale, offset, running_mean, running_var, mode if i == 0 else "hold",
+            outs = outs + (_graph_train_bn(part, scale, offset, running_mean, running_var, mode if i == 0 else "hold",
                                       momentum, eps, ones, zeros),)
         y = _CONCAT(outs)
     if len(shape) < 4:
@@ -285,17 +286,16 @@ def _stateless_graph_batch_norm(x, running_mean, running_var, weight, bias, mode
     return _TO_TORCH(y)
 
 
-def _tapped_bn(x4, scale, offset, running_mean, running_var, mode, momentum, eps, ones, zeros):
-    """The pure training kernel on x4; in mode 'general' its output passes the statistics tap."""
+def _graph_train_bn(x4, scale, offset, running_mean, running_var, mode, momentum, eps, ones, zeros):
+    """The pure training kernel on x4; in mode 'general' torch's update of the running statistics, old +
+    momentum x (batch - old) (lerp's own arithmetic), assigned in the graph."""
     out = _stateless_bn_c(eps)(x4, scale, offset, zeros, ones)
-    if mode != "general":
-        return out[0]
-    batch_mean = _STOP_GRADIENT(out[3])
-    batch_var = _graph_batch_var(out[4], x4)
-    # torch's update as lerp's own arithmetic, old + m * (batch - old), of which the tap hands out the step
-    step_mean = _STOP_GRADIENT((batch_mean - running_mean) * float(momentum))
-    step_var = _STOP_GRADIENT((batch_var - running_var) * float(momentum))
-    return _STATISTICS_TAP(out[0], running_mean, running_var, step_mean, step_var)
+    if mode == "general":
+        batch_mean = _STOP_GRADIENT(out[3])
+        batch_var = _graph_batch_var(out[4], x4)
+        _ASSIGN(running_mean, _LERP(running_mean, batch_mean, float(momentum)))
+        _ASSIGN(running_var, _LERP(running_var, batch_var, float(momentum)))
+    return out[0]
 
 
 def _channels(shape):
@@ -394,18 +394,3 @@ if _c.IS_MINDSPORE:
 
     _stateless_bn_c = _ops.constexpr(_stateless_bn, check=False)
 
-    class _StatisticsTap(mindspore.nn.Cell):
-        """Identity on `y` whose backward hands out two given values as the gradients of two Parameters:
-        `tap(y, running_mean, running_var, step_mean, step_var)` gives `step_mean` / `step_var` as the gradients
-        of the running statistics (their update, computed in the forward), `y`'s gradient unchanged. So a
-        differentiated graph returns its batch norms' running-statistics updates with the other gradients, and
-        writes nothing (`_stateless_graph_batch_norm`). A statistic whose layer does not reach the loss gets a
-        zero step: it stays as it was."""
-
-        def construct(self, y, running_mean, running_var, step_mean, step_var):
-            return y
-
-        def bprop(self, y, running_mean, running_var, step_mean, step_var, out, dout):
-            return dout, step_mean, step_var, _ops.zeros_like(step_mean), _ops.zeros_like(step_var)
-
-    _STATISTICS_TAP = _StatisticsTap()

@@ -16,7 +16,7 @@ side-effects: the first call (build + first run) of a differentiated graph (`min
     `mindspore.jit`) over residual blocks whose training-mode BatchNorms write their moving statistics, against
     the same graph with the kernel made pure, each in a fresh process (--blocks, --timeout). A MindSpore whose
     runtime links such graphs slowly (2.6's did not finish the demo network's basic-step graph) shows a first
-    call far longer with the writes; compat builds step graphs without them (compat.jit.stateless_steps).
+    call far longer with the writes; compat builds step graphs without them (compat.jit.grad_graph_forms).
 map-exit: a dataset `map` with two worker processes, read to its end: MindSpore's shutdown waits for the
     pipeline's clean-up process, which it never told to quit, then kills it.
 """

@@ -446,13 +446,13 @@ def test_graph_builds_refuse_a_switched_off_fallback():
 
 def test_model_jit_compiles_steps_on_mindspore(synth_root, tmp_path):
     """MODEL.JIT True (the default) gives the trainer compiled step functions (built without side effects:
-    compat.jit.stateless_steps), False op-by-op ones. No step is run: the trainer is only built. The trainer
+    compat.jit.grad_graph_forms), False op-by-op ones. No step is run: the trainer is only built. The trainer
     also sets the runtime's side-by-side kernels for its graph layout (compat.jit.set_step_graph_layout):
     MindSpore's default (0) for the shared basic / meta-train graph, at least 2 for a graph per step kind."""
     import mindspore
     from reid.engine.trainer import Trainer
     from tests.test_training import _cfg
-    assert compat.jit.stateless_steps() is True
+    assert compat.jit.grad_graph_forms() is True
     before = mindspore.get_context("inter_op_parallel_num")
     try:
         separate = Trainer(_cfg(synth_root, str(tmp_path / "sep"), ["MODEL.JIT", "True",

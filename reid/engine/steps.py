@@ -157,10 +157,6 @@ class StepFunctions:
         statistics updated in basic steps only; returns the step's own terms."""
         basic = kind == "basic"
         weights = tuple(compat.as_tensor(np.float32(w)) for w in ((1.0, 0.0) if basic else (0.0, 1.0)))
-        if fn.state_outside:  # the graph hands its running-statistics update out: applied in basic steps only
-            with bn_mode(self.model, BN_MODES["basic"]):
-                loss, (terms_basic, terms_mtrain), grads = fn(*(args + weights), update_state=basic)
-            return loss, terms_basic if basic else terms_mtrain, grads
         saved = None if basic else compat.jit.snapshot(self.buffers)
         try:
             with bn_mode(self.model, BN_MODES["basic"]):
@@ -233,7 +229,7 @@ class StepFunctions:
             total_basic, terms_basic = step_objective("basic", out, batch, settings, offsets, num_splits)
             total_mtrain, terms_mtrain = step_objective("mtrain", out, batch, settings, offsets, num_splits)
             return total_basic * weight_basic + total_mtrain * weight_mtrain, (terms_basic, terms_mtrain)
-        return compat.jit.value_and_grad(shared_loss, self.params, "basic_mtrain_loss", state=self.buffers)
+        return compat.jit.value_and_grad(shared_loss, self.params, "basic_mtrain_loss")
 
     def _build_step_graph(self, kind, counts):
         """The compiled graph of one step kind, in one form whatever the batch holds: the basic step takes every
@@ -256,8 +252,7 @@ class StepFunctions:
             out = train_dict(model(images))  # compiled, the train-mode forward returns a tuple
             return step_objective(kind, out, {"targets": targets, "domains": domains, "present": present_of(ids)},
                                   settings, offsets, num_splits)
-        state = self.buffers if BN_MODES[kind] == "general" else ()
-        return compat.jit.value_and_grad(compiled_loss, self.params, name, state=state)
+        return compat.jit.value_and_grad(compiled_loss, self.params, name)
 
     def _build_op_by_op(self, kind, present):
         """The op-by-op function of one step kind on chunks that hold the domain ids `present` (constants of it:

@@ -26,7 +26,7 @@ def _per_sample_loss(logits, targets, epsilon):
 
 def _mean_over_non_zero(per_sample):
     # the divisor is a count of the (detached) non-zero per-sample losses, as in the original's no_grad block
-    return per_sample.sum() / (per_sample.detach() != 0).float().sum().clamp(min=1.0)
+    return per_sample.sum() / (per_sample != 0).float().sum().clamp(min=1.0)
 
 
 def _check_epsilon(epsilon):

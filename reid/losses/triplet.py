@@ -43,7 +43,7 @@ def hard_example_mining(dist, is_pos, is_neg):
 def _tie_mean(dist, mask, extreme):
     """Per row, the mean of `dist` over the masked entries equal to `extreme`: the value of the row-wise
     max/min, with the gradient shared evenly among ties like torch.max(t)/torch.min(t) of a whole tensor."""
-    ties = (dist.detach() == extreme.detach().unsqueeze(1)).float() * mask
+    ties = (dist == extreme.unsqueeze(1)).float() * mask   # (a comparison carries no gradient)
     # a row with candidates has at least one tie; one without (which the losses reject op by op, but the
     # compiled shared basic / meta-train graph meets when it takes the meta losses of a basic batch, weighted
     # 0: reid/engine/steps.py) gets 0 instead of 0 / 0, whose NaN a weight of 0 would not remove

@@ -28,7 +28,7 @@ def cosine_dist(x, y):
 
 def safe_sqrt(sq):
     """sqrt with value 0 and gradient 0 where sq == 0 (torch.norm's backward convention; plain sqrt gives NaN)."""
-    positive = (sq.detach() > 0).float()
+    positive = (sq > 0).float()
     return (sq + (1.0 - positive)).sqrt() * positive
 
 
