@@ -217,7 +217,7 @@ def grad_graph_forms():
     True while they are built: the batch norms run the pure training kernel and write their running statistics
     with an Assign inside the graph (compat.norm: a write the graph keeps also where the batch norm's output
     does not reach the loss), and aux dicts leave as tuples: a dict output of a differentiated graph fails to
-    build on 2.7 (`repros/ms27_defects.py dict-aux`; docs/ms27.md#stateless-steps)."""
+    build on 2.7 (`repros/ms27_defects.py dict-aux`; docs/ms27.md#step-graphs)."""
     return _c.IS_MINDSPORE
 
 

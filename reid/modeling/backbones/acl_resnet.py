@@ -93,7 +93,7 @@ class ExpertBottleneck(nn.Module):
         # the residual x of every expert, broadcast over the experts as a batched product with a column of ones
         # (exact): its gradient, the sum over the experts, is a matrix product too, where the gradient of an
         # expand is a sum over a middle axis, several times slower on MindSpore's CPU kernels (bench/reductions.py)
-        ones = torch.ones(n, self.num_experts, 1, dtype=x.dtype, device=x.device)
+        ones = torch.ones(n, self.num_experts, 1).type_as(x)   # (type_as: x's dtype and device)
         out = out + torch.bmm(ones, x.reshape(n, 1, c * h * w))
         return F.relu(out).reshape(n, self.num_experts, c, h, w)
 
