@@ -7,7 +7,7 @@ import numpy as np
 
 import compat
 from compat import export as backend_export
-from compat.errors import UserError
+from reid.errors import UserError
 
 from reid.deploy.inference import InferenceNet
 

@@ -35,7 +35,7 @@ import sys
 
 import numpy as np
 
-from compat.errors import UserError
+from reid.errors import UserError
 
 ENGINES = ("auto", "eager", "compiled", "onnx", "mindir")
 DEFAULT_BATCH = 32

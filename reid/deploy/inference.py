@@ -18,7 +18,7 @@ import numpy as np
 
 import compat
 from compat import nn, F, torch
-from compat.errors import UserError
+from reid.errors import UserError
 
 from reid.modeling import layers as meta
 

@@ -16,7 +16,7 @@ import numpy as np
 from tqdm import tqdm
 
 import compat
-from compat.errors import UserError
+from reid.errors import UserError
 
 from reid.engine.events import MetricsWriter, plot_curves
 from reid.engine.train_loop import HookBase

@@ -45,7 +45,7 @@ from typing import NamedTuple
 import numpy as np
 
 import compat
-from compat.errors import UserError
+from reid.errors import UserError
 from reid.engine.objectives import step_objective
 from reid.modeling import bn_mode, fast_weights
 from reid.modeling.heads import train_dict

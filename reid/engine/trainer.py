@@ -27,7 +27,7 @@ import time
 import numpy as np
 
 import compat
-from compat.errors import UserError
+from reid.errors import UserError
 from compat.optim import SGD
 from compat.schedules import LRSchedule
 from reid import modeling

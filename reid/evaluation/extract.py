@@ -3,7 +3,7 @@ import numpy as np
 
 import compat
 from compat import torch
-from compat.errors import UserError
+from reid.errors import UserError
 
 
 def _to_features(out):
