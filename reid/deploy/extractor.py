@@ -272,7 +272,10 @@ class FixedBatchFiles:
 
     def __call__(self, images):
         import compat
-        return compat.as_tensor(self.run(compat.to_numpy(images)))
+        from compat import torch
+        if torch.is_tensor(images):
+            images = images.detach().cpu().numpy()
+        return compat.to_device(torch.tensor(self.run(images)))  # on the current device, as a model's output
 
 
 class FeatureExtractor:
