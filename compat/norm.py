@@ -372,7 +372,6 @@ def _ms_batch_norm(x, weight, bias, eps, mode, running_mean=None, running_var=No
 
 
 if _c.IS_MINDSPORE:
-    import mindspore
     from mindspore import ops as _ops
     from mindspore.ops import operations as _P
     from mindspore.ops._primitive_cache import _get_cache_prim as _prim_cache

@@ -53,7 +53,7 @@ def build_eval_model(cfg):
     The weights are read by reid.engine.checkpointer.model_state_from_file, which knows every file layout a
     model state comes in."""
     import compat
-    from compat.errors import UserError
+    from reid.errors import UserError
     from reid.engine.checkpointer import model_state_from_file
     from reid.modeling import build_model
 

@@ -9,7 +9,7 @@ whatever the worker count, and `--resume` can continue a stream exactly by repla
 import numpy as np
 
 import compat
-from compat.errors import UserError
+from reid.errors import UserError
 from reid.data.common import read_image
 from reid.data.datasets import build_test_set, build_train_set
 from reid.data.samplers import InferenceSampler, NaiveIdentitySampler, domain_indices

@@ -23,7 +23,7 @@ import re
 
 import numpy as np
 
-from compat.errors import UserError
+from reid.errors import UserError
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ paper-length run, docs/performance.md#other).
 """
 import numpy as np
 
-from compat.errors import UserError
+from reid.errors import UserError
 
 
 def domain_indices(domains):

@@ -54,7 +54,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from compat.errors import UserError
+from reid.errors import UserError
 
 GENERATOR_VERSION = 1
 SYNTHETIC_DOMAINS = ("SynthA", "SynthB", "SynthC", "SynthD")
@@ -891,7 +891,7 @@ def main(argv=None):
     parser.add_argument("--workers", type=int, default=None, help="processes (default: min(2, CPUs))")
     parser.add_argument("--force", action="store_true", help="regenerate even when up to date")
     args = parser.parse_args(argv)
-    # bad input raises compat.errors.UserError, whose import installs the one-line error hook
+    # bad input raises reid.errors.UserError, whose import installs the one-line error hook
     start = time.time()
     names = _resolve_domains(args.domains)
     _check_args(args.seed, args.num_ids, args.workers)

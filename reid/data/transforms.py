@@ -17,7 +17,7 @@ import cv2
 import numpy as np
 from PIL import Image
 
-from compat.errors import UserError
+from reid.errors import UserError
 from reid.data.autoaugment import AutoAugment
 
 REA_SCALE = (0.02, 0.33)   # torchvision RandomErasing defaults

@@ -3,7 +3,7 @@ extractor they describe."""
 import faulthandler
 import os
 
-from compat.errors import UserError
+from reid.errors import UserError
 from reid.deploy.extractor import ENGINES
 
 

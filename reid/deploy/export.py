@@ -7,7 +7,8 @@ import numpy as np
 
 import compat
 from compat import export as backend_export
-from compat.errors import UserError
+from compat import torch
+from reid.errors import UserError
 
 from reid.deploy.inference import InferenceNet
 
@@ -106,8 +107,8 @@ def export_model(cfg, output, fmt=None, batch=1, check=True, model=None, identit
         model = build_eval_model(cfg)
     model.eval()
     images = example_images(batch, size)
-    with compat.no_grad():
-        eager = np.asarray(compat.to_numpy(model(compat.as_tensor(images))), np.float32)
+    with torch.no_grad():  # the example images onto the model's device (compat.to_device: the current one)
+        eager = np.asarray(model(compat.to_device(torch.tensor(images))).detach().cpu().numpy(), np.float32)
     net = InferenceNet(model, size)
     net.eval()
     info = backend_export.export(net, images, output, fmt)
@@ -226,7 +227,9 @@ class ExportedModel:
         return np.concatenate(out)
 
     def __call__(self, images):
-        return compat.as_tensor(self.run(compat.to_numpy(images)))
+        if torch.is_tensor(images):
+            images = images.detach().cpu().numpy()
+        return compat.to_device(torch.tensor(self.run(images)))  # on the current device, as a model's output
 
 
 def load_engine(cfg, engine="eager", model_path=None):

@@ -35,7 +35,7 @@ import sys
 
 import numpy as np
 
-from compat.errors import UserError
+from reid.errors import UserError
 
 ENGINES = ("auto", "eager", "compiled", "onnx", "mindir")
 DEFAULT_BATCH = 32
@@ -272,7 +272,10 @@ class FixedBatchFiles:
 
     def __call__(self, images):
         import compat
-        return compat.as_tensor(self.run(compat.to_numpy(images)))
+        from compat import torch
+        if torch.is_tensor(images):
+            images = images.detach().cpu().numpy()
+        return compat.to_device(torch.tensor(self.run(images)))  # on the current device, as a model's output
 
 
 class FeatureExtractor:

@@ -22,7 +22,7 @@ import zipfile
 
 import numpy as np
 
-from compat.errors import UserError
+from reid.errors import UserError
 
 INDEX_FORMAT = "acl-reid gallery index"
 INDEX_VERSION = 1

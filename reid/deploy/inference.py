@@ -18,18 +18,19 @@ import numpy as np
 
 import compat
 from compat import nn, F, torch
-from compat.errors import UserError
+from reid.errors import UserError
 
 from reid.modeling import layers as meta
 
 
 def _constant(array):
     """A frozen float32 tensor the exporters store with the weights."""
-    return nn.Parameter(compat.as_tensor(np.asarray(array, np.float32)), requires_grad=False)
+    # on the current device, the model's (compat.to_device)
+    return nn.Parameter(compat.to_device(torch.tensor(np.asarray(array, np.float32))), requires_grad=False)
 
 
 def _numpy(tensor):
-    return np.asarray(compat.to_numpy(tensor), np.float64)
+    return np.asarray(tensor.detach().cpu().numpy(), np.float64)
 
 
 class InferenceConv2d(nn.Module):

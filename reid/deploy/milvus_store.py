@@ -44,7 +44,7 @@ import warnings
 
 import numpy as np
 
-from compat.errors import UserError
+from reid.errors import UserError
 from reid.deploy.gallery import INDEX_FORMAT, UNKNOWN, _known, check_same_model
 from reid.deploy.search import FILTERS, JUNK_PID
 
@@ -647,7 +647,7 @@ def _serve(reads, writes):
     """The child of a GalleryProcess: open the collection, then answer calls until "close" or the end of the
     pipe. An exception goes back to the caller (as text when it cannot be pickled)."""
     from multiprocessing.connection import Connection
-    from compat.errors import install_excepthook
+    from reid.errors import install_excepthook
     install_excepthook()
     receive, send = Connection(reads, writable=False), Connection(writes, readable=False)
     gallery = None

@@ -2,7 +2,7 @@
 --vis draws, and the names in its summary table."""
 import os
 
-from compat.errors import UserError
+from reid.errors import UserError
 from reid.deploy.commands import plural
 
 OUTPUT_SUFFIXES = (".json", ".csv")

@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from compat.errors import UserError
+from reid.errors import UserError
 from reid.deploy.gallery import UNKNOWN
 
 FILTERS = ("none", "camera", "protocol")

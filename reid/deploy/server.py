@@ -41,7 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from compat.errors import UserError
+from reid.errors import UserError
 
 logger = logging.getLogger("acl_reid.serve")
 

@@ -26,7 +26,7 @@ import time
 import numpy as np
 
 from compat.checkpoint import atomic_write
-from compat.errors import UserError
+from reid.errors import UserError
 
 POLL_S = 0.2
 PLAN = "plan.json"

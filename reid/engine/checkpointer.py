@@ -4,7 +4,7 @@ torch), with a `last_checkpoint` pointer file for `--resume`."""
 import os
 
 from compat import checkpoint as ckpt_io
-from compat.errors import UserError
+from reid.errors import UserError
 from reid.modeling.original import our_state
 
 POINTER = "last_checkpoint"

@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 
-from compat.errors import UserError
+from reid.errors import UserError
 
 DEFAULT_ADDR = "127.0.0.1"
 DEFAULT_PORT = 29500

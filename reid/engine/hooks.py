@@ -16,7 +16,7 @@ import numpy as np
 from tqdm import tqdm
 
 import compat
-from compat.errors import UserError
+from reid.errors import UserError
 
 from reid.engine.events import MetricsWriter, plot_curves
 from reid.engine.train_loop import HookBase
@@ -172,11 +172,11 @@ class WeightAverage(HookBase):
     def update(self, iteration):
         current = self.trainer.model.state_dict()
         if self.average is None:
-            self.average = {k: np.array(compat.to_numpy(v)) for k, v in current.items()}
+            self.average = {k: np.array(v.detach().cpu().numpy()) for k, v in current.items()}
         else:
             keep = self.decay ** (iteration - self.updated)
             for name, value in current.items():
-                value, average = compat.to_numpy(value), self.average[name]
+                value, average = value.detach().cpu().numpy(), self.average[name]
                 if np.issubdtype(average.dtype, np.floating):
                     average *= keep
                     average += (1.0 - keep) * value

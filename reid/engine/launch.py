@@ -55,7 +55,7 @@ def parse_args(description, training, argv=None):
     faulthandler.enable()
     args = build_parser(description, training).parse_intermixed_args(argv)
     if training and args.max_restarts < 0:
-        from compat.errors import UserError
+        from reid.errors import UserError
         raise UserError("--max-restarts must be 0 (no supervision) or more; got %d" % args.max_restarts)
     if args.backend:
         os.environ["REID_BACKEND"] = args.backend
@@ -98,7 +98,7 @@ def build_evaluate_fn(cfg):
 
 def check_reference(cfg):
     """Fail before any work when TEST.REFERENCE names no known reference."""
-    from compat.errors import UserError
+    from reid.errors import UserError
     from reid.evaluation import REFERENCES
     if cfg.TEST.REFERENCE and cfg.TEST.REFERENCE not in REFERENCES:
         raise UserError("TEST.REFERENCE must be one of %s or empty, got %r" % (", ".join(REFERENCES),

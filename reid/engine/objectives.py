@@ -5,7 +5,8 @@ scalar to differentiate and ``terms`` the individual (weighted) loss values for 
 ``num_splits`` > 1 each term is computed per contiguous chunk and the chunk totals are averaged, which is
 what the original's nn.DataParallel over 4 GPUs did (docs/method.md#dataparallel).
 """
-import compat
+from compat import torch
+from reid.errors import UserError
 from reid.losses import (center_loss, cross_entropy_per_domain, domain_sct_loss, inter_cluster_loss,
                          intra_cluster_loss, triplet_loss, triplet_loss_meta)
 
@@ -15,16 +16,16 @@ from reid.losses import (center_loss, cross_entropy_per_domain, domain_sct_loss,
 METRIC_FEATURES = {"after": "feat_norm", "before": "features"}
 
 
-@compat.eager_only
 def _check_neck_feat(neck_feat):
     if neck_feat not in METRIC_FEATURES:
-        raise compat.UserError("MODEL.HEADS.NECK_FEAT must be one of %s, got %r"
-                               % (", ".join(METRIC_FEATURES), neck_feat))
+        raise UserError("MODEL.HEADS.NECK_FEAT must be one of %s, got %r" % (", ".join(METRIC_FEATURES), neck_feat))
 
 
 def metric_feature_key(neck_feat):
-    """The head output the metric losses use (the check is skipped inside compiled code: compat/jit.py)."""
-    _check_neck_feat(neck_feat)
+    """The head output the metric losses use (the check is skipped while a graph is built:
+    `torch.compiler.is_compiling()`; loss_settings calls it op by op, before any graph)."""
+    if not torch.compiler.is_compiling():
+        _check_neck_feat(neck_feat)
     return METRIC_FEATURES.get(neck_feat, "feat_norm")
 
 
@@ -101,11 +102,10 @@ def _chunk_terms(kind, c, s, offsets):
     return terms
 
 
-@compat.eager_only
 def _check_split(n, num_splits):
     if n % num_splits:
-        raise compat.UserError("batch of %d cannot be split into MODEL.NUM_SPLITS=%d equal chunks; make the batch "
-                               "sizes multiples of NUM_SPLITS" % (n, num_splits))
+        raise UserError("batch of %d cannot be split into MODEL.NUM_SPLITS=%d equal chunks; make the batch "
+                        "sizes multiples of NUM_SPLITS" % (n, num_splits))
 
 
 def objective(kind, out, batch, cfg, offsets, num_splits=1):
@@ -122,7 +122,8 @@ def step_objective(kind, out, batch, settings, offsets, num_splits=1):
     metric_key = settings["metric_key"]
     n = int(out[metric_key].shape[0])
     num_splits = max(int(num_splits), 1)
-    _check_split(n, num_splits)
+    if not torch.compiler.is_compiling():  # host-side check: op by op only
+        _check_split(n, num_splits)
     per_chunk = []
     for index, sl in enumerate(_chunks(num_splits, n)):
         per_chunk.append(_chunk_terms(kind, _take(out, batch, sl, index, metric_key), settings, offsets))

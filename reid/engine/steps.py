@@ -45,7 +45,8 @@ from typing import NamedTuple
 import numpy as np
 
 import compat
-from compat.errors import UserError
+from compat import torch
+from reid.errors import UserError
 from reid.engine.objectives import step_objective
 from reid.modeling import bn_mode, fast_weights
 from reid.modeling.heads import train_dict
@@ -102,7 +103,7 @@ def _regroup(ids, counts):
 
 def _concatenated(outputs):
     """The train-mode output dicts of consecutive chunks as one dict (dim 0; lists element-wise; None stays)."""
-    cat = compat.torch.cat
+    cat = torch.cat
     merged = {}
     for key, value in outputs[0].items():
         if value is None:
@@ -121,7 +122,7 @@ class StepFunctions:
                  shared_graph=True):
         self.model, self.names, self.params = model, list(param_names), list(params)
         self.settings, self.offsets, self.num_splits = dict(settings), tuple(int(o) for o in offsets), int(num_splits)
-        self.compiled = bool(compiled) and compat.IS_MINDSPORE
+        self.compiled = compat.jit.enabled(compiled)  # compiled steps build on MindSpore only
         self.shared_graph = bool(shared_graph) and self.compiled
         # what a graph built in BN mode 'general' writes (the running statistics): put back after the shared
         # graph's meta-train calls, and given to compat.jit.value_and_grad as the state such graphs update
@@ -156,7 +157,7 @@ class StepFunctions:
         """The shared basic / meta-train graph as step `kind`: its objective weighted 1, the other's 0, running
         statistics updated in basic steps only; returns the step's own terms."""
         basic = kind == "basic"
-        weights = tuple(compat.as_tensor(np.float32(w)) for w in ((1.0, 0.0) if basic else (0.0, 1.0)))
+        weights = tuple(torch.tensor(np.array(w, np.float32)) for w in ((1.0, 0.0) if basic else (0.0, 1.0)))
         saved = None if basic else compat.jit.snapshot(self.buffers)
         try:
             with bn_mode(self.model, BN_MODES["basic"]):
@@ -201,7 +202,7 @@ class StepFunctions:
     def _id_args(self, key, present):
         """The domain ids as 0-d tensor arguments, for the compiled graphs keyed by domains per chunk."""
         if self.compiled and key.domains is not ALL_DOMAINS:
-            return tuple(compat.as_tensor(np.int64(d)) for c in present for d in c)
+            return tuple(torch.tensor(np.array(d, np.int64)) for c in present for d in c)
         return ()
 
     def _build(self, key):

@@ -17,7 +17,7 @@ import statistics
 import subprocess
 import time
 
-from compat.errors import UserError
+from reid.errors import UserError
 from reid.engine.distributed import python_command
 
 RESULT_KEYS = ("mAP", "Rank-1", "mINP")

@@ -27,7 +27,8 @@ import time
 import numpy as np
 
 import compat
-from compat.errors import UserError
+from compat import torch
+from reid.errors import UserError
 from compat.optim import SGD
 from compat.schedules import LRSchedule
 from reid import modeling
@@ -82,7 +83,12 @@ def _finite(value):
 
 
 def _scalar(t):
-    return float(compat.to_numpy(t))
+    return float(t)
+
+
+def _host(t):
+    """A tensor (or an array) as a numpy array on the host."""
+    return t.detach().cpu().numpy() if torch.is_tensor(t) else np.asarray(t)
 
 
 class Trainer(TrainLoop):
@@ -108,7 +114,7 @@ class Trainer(TrainLoop):
         state_path, state = self.checkpointer.load_last() if resume else (None, None)
 
         compat.set_device(cfg.MODEL.DEVICE)
-        compat.manual_seed(cfg.SEED)
+        torch.manual_seed(int(cfg.SEED))
         np.random.seed(cfg.SEED)
         self.dist = compat.distributed.group()  # data-parallel ranks (world size 1 without a launcher)
 
@@ -240,7 +246,7 @@ class Trainer(TrainLoop):
 
     def basic_step(self):
         batch = next(self.data.combined)
-        domains = compat.to_numpy(batch["domains"])
+        domains = _host(batch["domains"])
         loss, terms, grads = self._run_step_function("basic", batch, domains)
         loss, terms, grads = self.dist.average_step(loss, terms, grads)  # data parallel: mean over ranks
         self._check(loss, "basic")
@@ -262,7 +268,7 @@ class Trainer(TrainLoop):
         test_domain = int(self.meta_rng.choice(num_domains))
         train_domains = [d for d in range(num_domains) if d != test_domain]
         parts = [next(self.data.domains[d]) for d in train_domains]
-        mtr = {k: compat.torch.cat([p[k] for p in parts], 0) for k in ("images", "targets", "domains")}
+        mtr = {k: torch.cat([p[k] for p in parts], 0) for k in ("images", "targets", "domains")}
         mte = next(self.data.domains[test_domain])
         mtr, mte = self.dist.chunk(mtr), self.dist.chunk(mte)  # data parallel: this rank's chunks
         # each per-domain stream holds its own domain only: the domain ids follow from the batch sizes

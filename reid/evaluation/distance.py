@@ -6,7 +6,7 @@
 """
 import numpy as np
 
-from compat.errors import UserError
+from reid.errors import UserError
 
 METRICS = ("cosine", "euclidean")
 DEFAULT_BLOCK_ELEMENTS = 1 << 23

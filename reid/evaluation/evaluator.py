@@ -6,7 +6,7 @@ never held, so MSMT17-scale evaluation runs in bounded memory); re-ranking needs
 """
 import numpy as np
 
-from compat.errors import UserError
+from reid.errors import UserError
 from reid.evaluation.distance import check_metric, compute_distance, distance_blocks
 from reid.evaluation.extract import extract_features
 from reid.evaluation.query_expansion import aqe as average_query_expansion

@@ -3,15 +3,15 @@ import numpy as np
 
 import compat
 from compat import torch
-from compat.errors import UserError
+from reid.errors import UserError
 
 
 def _to_features(out):
     if isinstance(out, (list, tuple)) and out:
         out = out[0]
-    if isinstance(out, dict) or not compat.is_tensor(out) or out.dim() != 2:
+    if isinstance(out, dict) or not torch.is_tensor(out) or out.dim() != 2:
         raise UserError("the model must return an (N, D) feature tensor in eval mode for evaluation, got %s"
-                        % (type(out).__name__ if not compat.is_tensor(out) else "shape %s" % (tuple(out.shape),)))
+                        % (type(out).__name__ if not torch.is_tensor(out) else "shape %s" % (tuple(out.shape),)))
     return out
 
 
@@ -19,7 +19,7 @@ def _column(batch, key, n):
     value = batch.get(key)
     if value is None:
         return np.full(n, -1, np.int64)
-    return np.asarray(compat.to_numpy(value) if compat.is_tensor(value) else value).reshape(-1).astype(np.int64)
+    return np.asarray(value.detach().cpu().numpy() if torch.is_tensor(value) else value).reshape(-1).astype(np.int64)
 
 
 def _compiled_forward(model):
@@ -45,7 +45,7 @@ def _compiled_forward(model):
             if n >= size["n"]:
                 return graph(images)
             # zeros like the batch's own (its device too: torch on a GPU)
-            pad = compat.zeros_like(images[:1]).repeat(size["n"] - n, 1, 1, 1)
+            pad = torch.zeros_like(images[:1]).repeat(size["n"] - n, 1, 1, 1)
             return graph(torch.cat((images, pad), 0))[:n]
         cache["eval"] = run
         cache["eval_graph"] = getattr(graph, "graph", None)  # MindSpore: build time, whether it was loaded
@@ -67,15 +67,15 @@ def extract_features(model, loader, flip=False, compiled=None):
     forward = _compiled_forward(model) if use_jit else model
     feats, pids, camids, paths = [], [], [], []
     try:
-        with compat.no_grad():
+        with torch.no_grad():
             for batch in loader:
                 images = batch["images"]
-                if not compat.is_tensor(images):
-                    images = compat.as_tensor(np.asarray(images, np.float32))
+                if not torch.is_tensor(images):  # onto the model's device (compat.to_device: the current one)
+                    images = compat.to_device(torch.tensor(np.asarray(images, np.float32)))
                 out = _to_features(forward(images))
                 if flip:
                     out = (out + _to_features(forward(torch.flip(images, dims=[3])))) / 2.0
-                out = np.asarray(compat.to_numpy(out), dtype=np.float32)
+                out = np.asarray(out.detach().cpu().numpy(), dtype=np.float32)
                 n = out.shape[0]
                 feats.append(out)
                 pids.append(_column(batch, "targets", n))

@@ -16,7 +16,7 @@ ranks by Hellinger distance, the usual choice for histograms. Bands are weighted
 import cv2
 import numpy as np
 
-from compat.errors import UserError
+from reid.errors import UserError
 
 DEFAULT_STRIPES = 6
 DEFAULT_BINS = (8, 4, 4)   # hue, saturation, value: hue carries most of the identity, value the lighting

@@ -6,7 +6,7 @@ The averaged features are not normalised (the cosine metric does it).
 """
 import numpy as np
 
-from compat.errors import UserError
+from reid.errors import UserError
 from reid.evaluation.distance import _as_features, normalize
 
 DEFAULT_BLOCK_ELEMENTS = 1 << 22

@@ -40,7 +40,7 @@ global random state.
 """
 import numpy as np
 
-from compat.errors import UserError
+from reid.errors import UserError
 
 # Distance entries per block of queries when evaluate_rank is given the whole matrix (also the block size of
 # evaluate_features' distance blocks); the ranking itself holds only one row's cut-out at a time.

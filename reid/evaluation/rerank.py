@@ -17,7 +17,7 @@ blocks in chunks. Memory: the input blocks plus O(N * k1^2).
 """
 import numpy as np
 
-from compat.errors import UserError
+from reid.errors import UserError
 
 DEFAULT_BLOCK_ELEMENTS = 1 << 22
 

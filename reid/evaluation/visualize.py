@@ -7,7 +7,7 @@ import os
 
 import numpy as np
 
-from compat.errors import UserError
+from reid.errors import UserError
 from reid.data.common import read_image
 
 CELL_H, CELL_W = 128, 64

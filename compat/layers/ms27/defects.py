@@ -29,7 +29,7 @@ def apply(torch):
     done = []
     for shim in (_identity_cast, _mindspore_dtype_names, _tensor_device_default, _move_to_same_device,
                  _vector_norm, _cross_entropy, _batch_norm_arguments, _map_workers_quit,
-                 _float_buffers_as_parameters):
+                 _float_buffers_as_parameters, _manual_seed_seeds_mindspore):
         what = shim(torch)
         if what:
             done.append(what)
@@ -56,6 +56,27 @@ def _float_buffers_as_parameters(torch):
     register_buffer.__doc__ = original.__doc__
     module.register_buffer = register_buffer
     return "float buffers registered as Parameters without gradient"
+
+
+def _manual_seed_seeds_mindspore(torch):
+    """mindtorch's `torch.manual_seed` seeds the layer's own generator only (mindtorch/random.py, its
+    `mindspore.set_seed` commented out): MindSpore's global seed, which its initializers, its random ops
+    outside the layer and `mindspore.dataset` draw from (and numpy's, which `mindspore.set_seed` sets too), stays
+    as it was. Here `torch.manual_seed(seed)` first calls `mindspore.set_seed(seed)` (for a seed MindSpore takes:
+    an int >= 0), then the layer's own, the order `compat.manual_seed` seeds in."""
+    import mindspore
+    original = torch.manual_seed
+    if getattr(original, "_seeds_mindspore", False):
+        return None
+
+    def manual_seed(seed):
+        if isinstance(seed, int) and seed >= 0:
+            mindspore.set_seed(seed)
+        return original(seed)
+    manual_seed._seeds_mindspore = True
+    manual_seed.__doc__ = original.__doc__
+    torch.manual_seed = manual_seed
+    return "torch.manual_seed also sets MindSpore's global seed"
 
 
 def _identity_cast(torch):

@@ -7,7 +7,7 @@
 Registered names: Market1501, MSMT17, CUHK03 (CUHK03-NP labeled/detected), CUHKSYSU, SynthA..SynthD; and the
 names of the config's own datasets, DATASETS.CUSTOM (``custom.py``).
 """
-from compat.errors import UserError
+from reid.errors import UserError
 from reid.data.common import (MultiDomainTrainSet, combine_train_sets, read_image, verify_images)  # noqa: F401
 from reid.data.datasets.registry import DATASET_REGISTRY, resolve_root
 from reid.data.datasets.bases import ReidDataset, parse_market_dir  # noqa: F401

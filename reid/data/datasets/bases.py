@@ -10,7 +10,7 @@ import logging
 import os
 import re
 
-from compat.errors import UserError
+from reid.errors import UserError
 from reid.data.common import IMAGE_EXTENSIONS
 
 logger = logging.getLogger(__name__)

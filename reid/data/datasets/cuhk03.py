@@ -7,7 +7,7 @@ Standard counts: labeled 767 ids / 7,368 train, 1,400 query, 5,328 gallery; dete
 """
 import os
 
-from compat.errors import UserError
+from reid.errors import UserError
 from reid.data.datasets.market1501 import MarketLayoutDataset
 from reid.data.datasets.registry import DATASET_REGISTRY
 

@@ -19,7 +19,7 @@ column every row is training data (the dataset is then a source only).
 import csv
 import os
 
-from compat.errors import UserError
+from reid.errors import UserError
 from reid.config import check_custom_datasets
 from reid.data.datasets.bases import JUNK_PID, ReidDataset, missing_layout_error, parse_market_dir
 from reid.data.datasets.market1501 import SUBDIRS, MarketLayoutDataset

@@ -9,7 +9,7 @@ Standard counts: 1,041 ids / 30,248 train images (+2,373 val, added only with ``
 """
 import os
 
-from compat.errors import UserError
+from reid.errors import UserError
 from reid.data.datasets.bases import ReidDataset, missing_layout_error
 from reid.data.datasets.registry import DATASET_REGISTRY
 

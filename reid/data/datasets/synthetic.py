@@ -6,7 +6,7 @@ the generator is asked first; it returns at once when the domain exists for this
 """
 import os
 
-from compat.errors import UserError
+from reid.errors import UserError
 from reid.data.datasets.market1501 import MarketLayoutDataset
 from reid.data.datasets.registry import DATASET_REGISTRY
 
