@@ -227,6 +227,23 @@ def test_cross_entropy_is_as_accurate_as_torch():
     np.testing.assert_allclose(g, np.exp(logp) - soft, atol=1e-6)
 
 
+def test_manual_seed_also_seeds_mindspore():
+    """The layer's `torch.manual_seed` seeds its own generator only and leaves MindSpore's global seed as it was;
+    compat's (defects._manual_seed_seeds_mindspore) sets it too, as compat.manual_seed does."""
+    torch, _ = _ms27()
+    import mindspore
+    before = mindspore.get_seed()
+    try:
+        mindspore.set_seed(7)
+        torch.manual_seed.compat_original(123)
+        assert mindspore.get_seed() == 7
+        torch.manual_seed(123)
+        assert mindspore.get_seed() == 123
+    finally:
+        if before is not None:
+            mindspore.set_seed(before)
+
+
 def test_batch_norm_modules_use_their_affine_and_running_statistics():
     torch, _ = _ms27()
     rng = np.random.RandomState(0)

@@ -14,6 +14,7 @@ cases are in repros/ms27_defects.py and repros/ms27_graph_defects.py, on MindSpo
 | cross-entropy | `F.cross_entropy` and its gradient off by many float32 roundings | defects._cross_entropy | test_compat_ms27.py::test_cross_entropy_is_as_accurate_as_torch |
 | batch-norm | `nn.BatchNorm*` swaps the affine and the running statistics | defects._batch_norm_arguments | test_compat_ms27.py::test_batch_norm_modules_use_their_affine_and_running_statistics |
 | map-exit | a loader with workers (a MindSpore `map` with worker processes) takes 5 s more to end | defects._map_workers_quit | test_compat_ms27.py::test_a_loader_with_workers_ends_without_waiting_for_its_clean_up_process |
+| manual-seed | `torch.manual_seed` leaves MindSpore's global seed (its initializers, its random ops) as it was | defects._manual_seed_seeds_mindspore | test_compat_ms27.py::test_manual_seed_also_seeds_mindspore |
 | module-bprop | a custom backward on a Module is never called | compat.custom_op.custom_op (a Cell) | test_compat_ms27.py::test_a_module_bprop_is_ignored_and_custom_op_uses_a_cell |
 | backward | `loss.backward()` leaves no gradient | compat.autograd.value_and_grad | test_compat_ms27.py::test_backward_leaves_no_gradient_and_value_and_grad_gives_it |
 | sgd | `optim.SGD.step()` has no CPU kernel | compat.optim.SGD | test_compat_ms27.py::test_the_layers_sgd_has_no_cpu_kernel_and_compats_steps |
@@ -64,6 +65,9 @@ DEFECTS = (
     Defect("map-exit", "a loader with workers (a MindSpore `map` with worker processes) takes 5 s more to end",
            "compat.layers.ms27.defects._map_workers_quit",
            _T + "test_a_loader_with_workers_ends_without_waiting_for_its_clean_up_process"),
+    Defect("manual-seed", "`torch.manual_seed` leaves MindSpore's global seed (its initializers, its random ops) as "
+           "it was", "compat.layers.ms27.defects._manual_seed_seeds_mindspore",
+           _T + "test_manual_seed_also_seeds_mindspore"),
     Defect("module-bprop", "a custom backward on a Module is never called", "compat.custom_op.custom_op",
            _T + "test_a_module_bprop_is_ignored_and_custom_op_uses_a_cell"),
     Defect("backward", "`loss.backward()` leaves no gradient", "compat.autograd.value_and_grad",
