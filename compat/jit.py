@@ -665,14 +665,14 @@ def value_and_grad(fn, params, name):
         return _c.value_and_grad(fn, params)
     import mindspore
     torch = _c.torch
-    stateless = grad_graph_forms()
+    grad_forms = grad_graph_forms()
     token = "%s#%d" % (name, len(_AUX_KEYS))   # this graph's entry in _AUX_KEYS (names repeat across models)
     _AUX_KEYS[token] = {}
     def loss_and_aux(*args):
         loss, aux = _split(fn(*args))
         if aux is None:  # has_aux needs an aux output: a detached copy of the loss, dropped again below
             return loss, loss
-        if stateless:
+        if grad_forms:
             # dicts leave as tuples of values, converted before the differentiation (a lone dict made into a
             # tuple of one): a dict output of the differentiated function fails to build on 2.7, and one taken
             # apart after it (`tuple(aux.values())`) makes the graph several times slower
@@ -694,7 +694,7 @@ def value_and_grad(fn, params, name):
         (loss, aux), grads = grad_fn(*args)
         return loss, aux, grads
     graph_fn.__name__ = graph_fn.__qualname__ = name
-    run = _Timed(_jit(graph_fn), name, grad=stateless)
+    run = _Timed(_jit(graph_fn), name, grad=grad_forms)
 
     def call(*args):
         loss, aux, grads = run(*args)

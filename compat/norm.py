@@ -14,15 +14,13 @@ batch_norm modes (the ACL "type_running_stats"):
              convention (new = (1-m)*old + m*batch) and the UNBIASED batch variance
   'hold'     batch statistics; running statistics neither read nor written
   'eval'     running statistics
-`num_splits` > 1 emulates nn.DataParallel over that many contiguous chunks: statistics per chunk, running
-statistics updated from chunk 0 only (the replica whose buffers alias the module's).
+(The model's DataParallel emulation, statistics per contiguous chunk, is model code: reid's
+MetaBatchNorm._split_forward, on torch's F.batch_norm.)
 """
 import numpy as np
 
 import compat as _c
-from compat.errors import UserError
 from compat.graph_mode import eager_only, in_graph, in_grad_graph
-from compat.tensor import assign_
 
 MODES = ("general", "hold", "eval")
 
@@ -33,42 +31,14 @@ def _reduce_dims(ndim):
     return (0,) + tuple(range(2, ndim))
 
 
-def _affine(y, weight, bias, ndim):
-    shape = (1, -1) + (1,) * (ndim - 2)
-    if weight is not None:
-        y = y * weight.reshape(shape)
-    if bias is not None:
-        y = y + bias.reshape(shape)
-    return y
-
-
-def _update_running(running_mean, running_var, mean, var_biased, count, momentum):
-    if running_mean is None:
-        return
-    mean = mean.detach()
-    var_unbiased = var_biased.detach() * (float(count) / max(count - 1, 1))
-    assign_(running_mean, running_mean * (1.0 - momentum) + mean * momentum)
-    assign_(running_var, running_var * (1.0 - momentum) + var_unbiased * momentum)
-
-
-@eager_only
-def _check_split(n, num_splits):
-    if n % num_splits:
-        raise UserError("batch of %d cannot be split into MODEL.NUM_SPLITS=%d equal chunks; make the batch size a "
-                        "multiple of NUM_SPLITS" % (n, num_splits))
-
-
-def batch_norm(x, running_mean, running_var, weight=None, bias=None, mode="general", momentum=0.1, eps=1e-5,
-               num_splits=1):
+def batch_norm(x, running_mean, running_var, weight=None, bias=None, mode="general", momentum=0.1, eps=1e-5):
     if mode not in MODES:
         raise ValueError("batch_norm mode must be one of general, hold, eval; got %r" % (mode,))
     if in_graph() and _c.IS_MINDSPORE and (in_grad_graph() or (running_mean is None and mode == "hold")):
         # (a 'hold' batch norm without running statistics, as torch's F.batch_norm(x, None, None, ..., True)
         # takes it: the pure kernel, which writes nothing, in any graph)
-        return _stateless_graph_batch_norm(x, running_mean, running_var, weight, bias, mode, momentum, eps,
-                                           int(num_splits))
-    if (in_graph() and _c.IS_MINDSPORE and (mode == "eval" or int(num_splits) == 1)
-            and weight is not None and bias is not None):
+        return _stateless_graph_batch_norm(x, running_mean, running_var, weight, bias, mode, momentum, eps)
+    if in_graph() and _c.IS_MINDSPORE and weight is not None and bias is not None:
         return _graph_batch_norm(x, running_mean, running_var, weight, bias, mode, momentum, eps)
     F = _c.F
     ndim = x.dim()
@@ -77,12 +47,6 @@ def batch_norm(x, running_mean, running_var, weight=None, bias=None, mode="gener
             return _ms_batch_norm(x, weight, bias, eps, "eval", running_mean, running_var, momentum)
         return F.batch_norm(x, running_mean, running_var, weight, bias, False, 0.0, eps)
 
-    num_splits = int(num_splits)
-    n = x.shape[0]
-    if num_splits > 1:
-        _check_split(n, num_splits)
-        return _split_batch_norm(x, running_mean, running_var, weight, bias, mode, momentum, eps, num_splits)
-
     if not _c.IS_MINDSPORE:
         if mode == "general":
             return F.batch_norm(x, running_mean, running_var, weight, bias, True, momentum, eps)
@@ -90,27 +54,6 @@ def batch_norm(x, running_mean, running_var, weight=None, bias=None, mode="gener
 
     _reduce_dims(ndim)
     return _ms_batch_norm(x, weight, bias, eps, mode, running_mean, running_var, momentum)
-
-
-def _split_batch_norm(x, running_mean, running_var, weight, bias, mode, momentum, eps, num_splits):
-    if _c.IS_MINDSPORE:
-        size = x.shape[0] // num_splits
-        outs = [_ms_batch_norm(x[i * size:(i + 1) * size], weight, bias, eps, mode if i == 0 else "hold",
-                               running_mean, running_var, momentum) for i in range(num_splits)]
-        return _c.torch.cat(outs, 0)
-    torch = _c.torch
-    ndim = x.dim()
-    shape = tuple(x.shape)
-    chunks = x.reshape((num_splits, shape[0] // num_splits) + shape[1:])
-    dims = (1,) + tuple(range(3, ndim + 1))
-    mean = chunks.mean(dims, keepdim=True)
-    centred = chunks - mean
-    var = (centred * centred).mean(dims, keepdim=True)
-    y = (centred / torch.sqrt(var + eps)).reshape(shape)
-    if mode == "general":
-        count = chunks[0].numel() // shape[1]
-        _update_running(running_mean, running_var, mean[0].reshape(-1), var[0].reshape(-1), count, momentum)
-    return _affine(y, weight, bias, ndim)
 
 
 def instance_norm(x, weight=None, bias=None, eps=1e-5):
@@ -246,23 +189,19 @@ def _graph_batch_norm(x, running_mean, running_var, weight, bias, mode, momentum
         out = _bn_prim_c(True, eps)(x4, weight, bias, running_mean, running_var)
         y = out[0]
         if mode == "general":
-            batch_mean = _STOP_GRADIENT(out[3])
-            batch_var = _graph_batch_var(out[4], x4)
-            _ASSIGN(running_mean, _LERP(running_mean, batch_mean, float(momentum)))
-            _ASSIGN(running_var, _LERP(running_var, batch_var, float(momentum)))
+            _graph_update_running(out, x4, running_mean, running_var, momentum)
     if len(shape) < 4:
         y = _RESHAPE(y, shape)
     return _TO_TORCH(y)
 
 
-def _stateless_graph_batch_norm(x, running_mean, running_var, weight, bias, mode, momentum, eps, num_splits):
+def _stateless_graph_batch_norm(x, running_mean, running_var, weight, bias, mode, momentum, eps):
     """Batch norm inside a differentiated graph (`compat.jit.value_and_grad`, `in_grad_graph()`): the
     training kernel runs as a pure op (`_stateless_bn`, which writes no moving statistics and takes tensors for
     the affine, fast weights among them), and in mode 'general' torch's running-statistics update is written
-    into the running statistics by an Assign in the graph (`_graph_train_bn`). The write is a side effect the
-    graph keeps whether or not the output reaches the loss: a call made for its running statistics only
-    (the first chunk of reid's split batch norm) updates them too. Chunks (`num_splits` > 1): statistics per
-    chunk, the update from chunk 0."""
+    into the running statistics by an Assign in the graph. The write is a side effect the graph keeps whether
+    or not the output reaches the loss: a call made for its running statistics only (the first chunk of reid's
+    split batch norm) updates them too."""
     shape = x.shape
     x4 = _RESHAPE(x, _shape4_c(shape)) if len(shape) < 4 else x
     channels = _channels_c(shape)
@@ -271,31 +210,23 @@ def _stateless_graph_batch_norm(x, running_mean, running_var, weight, bias, mode
     offset = bias if bias is not None else zeros
     if mode == "eval":
         y = _bn_prim_c(False, eps)(x4, scale, offset, running_mean, running_var)[0]
-    elif num_splits == 1:
-        y = _graph_train_bn(x4, scale, offset, running_mean, running_var, mode, momentum, eps, ones, zeros)
     else:
-        size = shape[0] // num_splits
-        outs = ()
-        for i in range(num_splits):
-            part = x4[i * size:(i + 1) * size]
-            outs = outs + (_graph_train_bn(part, scale, offset, running_mean, running_var, mode if i == 0 else "hold",
-                                      momentum, eps, ones, zeros),)
-        y = _CONCAT(outs)
+        out = _stateless_bn_c(eps)(x4, scale, offset, zeros, ones)
+        y = out[0]
+        if mode == "general":
+            _graph_update_running(out, x4, running_mean, running_var, momentum)
     if len(shape) < 4:
         y = _RESHAPE(y, shape)
     return _TO_TORCH(y)
 
 
-def _graph_train_bn(x4, scale, offset, running_mean, running_var, mode, momentum, eps, ones, zeros):
-    """The pure training kernel on x4; in mode 'general' torch's update of the running statistics, old +
-    momentum x (batch - old) (lerp's own arithmetic), assigned in the graph."""
-    out = _stateless_bn_c(eps)(x4, scale, offset, zeros, ones)
-    if mode == "general":
-        batch_mean = _STOP_GRADIENT(out[3])
-        batch_var = _graph_batch_var(out[4], x4)
-        _ASSIGN(running_mean, _LERP(running_mean, batch_mean, float(momentum)))
-        _ASSIGN(running_var, _LERP(running_var, batch_var, float(momentum)))
-    return out[0]
+def _graph_update_running(out, x4, running_mean, running_var, momentum):
+    """torch's update of the running statistics from a training kernel's outputs on x4 (batch mean and saved
+    variance, detached), old + momentum x (batch - old) (lerp's own arithmetic), assigned in the graph."""
+    batch_mean = _STOP_GRADIENT(out[3])
+    batch_var = _graph_batch_var(out[4], x4)
+    _ASSIGN(running_mean, _LERP(running_mean, batch_mean, float(momentum)))
+    _ASSIGN(running_var, _LERP(running_var, batch_var, float(momentum)))
 
 
 def _channels(shape):
@@ -386,7 +317,6 @@ if _c.IS_MINDSPORE:
     _TILE, _FILL = _P.Tile(), _P.Fill()
     _instance_shape_c = _ops.constexpr(_instance_shape, check=False)
     _channels_c = _ops.constexpr(_channels, check=False)
-    _CONCAT = _P.Concat(0)
     # mindnlp's mindtorch (MindSpore 2.7 has no such primitive): its tensors are MindSpore's already
     _TO_TORCH = getattr(_inner_ops, "convert_to_adapter_tensor", None) or _c.torch.cast_to_adapter_tensor
     from mindspore.common import dtype as _mstype

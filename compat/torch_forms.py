@@ -17,10 +17,10 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     with the batch statistics, updating the running statistics given (torch's rule, unbiased variance), none
     where they are None."""
     if not training:
-        return _norm.batch_norm(input, running_mean, running_var, weight, bias, "eval", momentum, eps, 1)
+        return _norm.batch_norm(input, running_mean, running_var, weight, bias, "eval", momentum, eps)
     if running_mean is None:
-        return _norm.batch_norm(input, None, None, weight, bias, "hold", momentum, eps, 1)
-    return _norm.batch_norm(input, running_mean, running_var, weight, bias, "general", momentum, eps, 1)
+        return _norm.batch_norm(input, None, None, weight, bias, "hold", momentum, eps)
+    return _norm.batch_norm(input, running_mean, running_var, weight, bias, "general", momentum, eps)
 
 
 def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=None, use_input_stats=True,

@@ -5,7 +5,7 @@ import pytest
 from tests.crossenv import child_env, run_cases
 
 
-def case_norms(seed, shape, mode, num_splits, momentum=0.1):
+def case_norms(seed, shape, mode, momentum=0.1):
     import compat
     rng = np.random.RandomState(seed)
     c = shape[1]
@@ -17,7 +17,7 @@ def case_norms(seed, shape, mode, num_splits, momentum=0.1):
     xt = compat.as_tensor(x)
 
     def loss_fn(inp):
-        y = compat.batch_norm(inp, rm, rv, weight, bias, mode, momentum, 1e-5, num_splits)
+        y = compat.batch_norm(inp, rm, rv, weight, bias, mode, momentum, 1e-5)
         weights = compat.as_tensor(np.linspace(-1, 1, c).astype(np.float32)).reshape((1, -1) + (1,) * (len(shape) - 2))
         return (y * y * weights).sum(), y
 
@@ -28,8 +28,8 @@ def case_norms(seed, shape, mode, num_splits, momentum=0.1):
     return out
 
 
-def case_reference(seed, shape, mode, num_splits, momentum=0.1):
-    """Real torch: F.batch_norm per DataParallel chunk, running stats from chunk 0."""
+def case_reference(seed, shape, mode, momentum=0.1):
+    """Real torch's F.batch_norm (mode 'hold': batch statistics, no running statistics)."""
     import torch
     import torch.nn.functional as F
     rng = np.random.RandomState(seed)
@@ -38,15 +38,12 @@ def case_reference(seed, shape, mode, num_splits, momentum=0.1):
     w = torch.from_numpy(rng.rand(c).astype(np.float32) + 0.5).requires_grad_()
     b = torch.from_numpy(rng.randn(c).astype(np.float32)).requires_grad_()
     rm, rv = torch.from_numpy(rng.randn(c).astype(np.float32)), torch.from_numpy(rng.rand(c).astype(np.float32) + 0.5)
-    ys = []
-    for i, chunk in enumerate(x.chunk(num_splits)):
-        if mode == "eval":
-            ys.append(F.batch_norm(chunk, rm, rv, w, b, False, momentum, 1e-5))
-        elif mode == "general" and i == 0:
-            ys.append(F.batch_norm(chunk, rm, rv, w, b, True, momentum, 1e-5))
-        else:
-            ys.append(F.batch_norm(chunk, None, None, w, b, True, momentum, 1e-5))
-    y = torch.cat(ys)
+    if mode == "eval":
+        y = F.batch_norm(x, rm, rv, w, b, False, momentum, 1e-5)
+    elif mode == "general":
+        y = F.batch_norm(x, rm, rv, w, b, True, momentum, 1e-5)
+    else:
+        y = F.batch_norm(x, None, None, w, b, True, momentum, 1e-5)
     scale = torch.from_numpy(np.linspace(-1, 1, c).astype(np.float32)).reshape((1, -1) + (1,) * (len(shape) - 2))
     (y * y * scale).sum().backward()
     in_y = F.instance_norm(x, None, None, w, b, True) if len(shape) == 4 else torch.zeros(1)
@@ -54,15 +51,15 @@ def case_reference(seed, shape, mode, num_splits, momentum=0.1):
                 in_y=in_y.detach().numpy())
 
 
-CASES = [((8, 5, 6, 4), "general", 1), ((8, 5, 6, 4), "hold", 1), ((8, 5, 6, 4), "eval", 1),
-         ((12, 7), "general", 1), ((12, 7), "hold", 1), ((8, 5, 3, 3), "general", 4), ((12, 6), "hold", 3)]
+CASES = [((8, 5, 6, 4), "general"), ((8, 5, 6, 4), "hold"), ((8, 5, 6, 4), "eval"), ((12, 7), "general"),
+         ((12, 7), "hold"), ((8, 5, 3, 3), "general"), ((12, 6), "hold")]
 
 
 @pytest.fixture(scope="module")
 def results():
     """All cases in one child process per backend (interpreter start-up dominates otherwise)."""
     def calls(target):
-        return [(target, dict(seed=3, shape=s, mode=m, num_splits=k)) for s, m, k in CASES]
+        return [(target, dict(seed=3, shape=s, mode=m)) for s, m in CASES]
     ref = run_cases("torch", calls("tests.test_compat_norm:case_reference")
                     + calls("tests.test_compat_norm:case_norms"))
     ms = run_cases("mindspore", calls("tests.test_compat_norm:case_norms"))
@@ -71,7 +68,7 @@ def results():
 
 
 @pytest.mark.parity
-@pytest.mark.parametrize("index", range(len(CASES)), ids=["%s-%s-split%d" % (len(s), m, k) for s, m, k in CASES])
+@pytest.mark.parametrize("index", range(len(CASES)), ids=["%s-%s" % ("x".join(map(str, s)), m) for s, m in CASES])
 @pytest.mark.parametrize("backend", ["mindspore", "torch"])
 def test_norms_match_torch(results, backend, index):
     ref, got = results["ref"][index], results[backend][index]
