@@ -20,9 +20,8 @@ _EXPORTS = {
     "is_tensor": "tensor", "zeros_like": "tensor", "detach_tree": "tensor",
     "set_device": "device", "current_device": "device", "to_device": "device", "synchronize": "device",
     "value_and_grad": "autograd", "batch_norm": "norm", "instance_norm": "norm", "clip_grad_norm": "clip",
-    "custom_op": "custom_op", "normalize": "functional", "vector_norm": "functional", "max_values": "functional",
-    "min_values": "functional", "arange_like": "functional", "where": "functional", "detach": "functional",
-    "max_pool2d_ceil": "functional", "broadcast_rows": "functional", "scale_rows": "functional",
+    "custom_op": "custom_op", "normalize": "functional", "vector_norm": "functional",
+    "max_pool2d_ceil": "functional", "scale_rows": "functional",
     "eager_only": "jit", "state_buffer": "jit",
 }
 _SUBMODULES = ("optim", "schedules", "checkpoint", "data", "jit", "distributed")

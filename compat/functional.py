@@ -5,7 +5,7 @@ normalize: x / max(||x||, eps) from `torch.norm`, whose gradient is right on eve
 MindSpore's graph compiler and ONNX writer take.
 """
 import compat as _c
-from compat.graph_mode import eager_only, exporting, in_graph
+from compat.graph_mode import exporting, in_graph
 
 
 def normalize(x, p=2.0, dim=1, eps=1e-12):
@@ -33,17 +33,6 @@ def vector_norm(x, p=2.0, dim=1):
     return _c.torch.norm(x, p, dim, keepdim=True)
 
 
-# torch.max / torch.min over a dim and torch.where of the torch-API layer cannot run compiled (they build
-# named tuples, or fail to parse): compiled, the same MindSpore kernels are called directly (ArgMaxWithValue is
-# what the layer runs op by op, so gradients go to the same index on ties).
-def arange_like(n, like):
-    """`torch.arange(n)` on the device of the tensor `like` (torch places each tensor; on MindSpore the device is
-    global, and compiled code takes no `device` argument)."""
-    if _c.IS_MINDSPORE:
-        return _c.torch.arange(n)
-    return _c.torch.arange(n, device=like.device)
-
-
 def _positive_integral(p):
     return float(p).is_integer() and p > 0
 
@@ -57,27 +46,6 @@ def _lp_norm(dim, p):
 
 
 _LP_NORMS = {}
-
-
-def max_values(x, dim):
-    """torch.max(x, dim)[0]."""
-    if in_graph():
-        return _c.torch.cast_to_adapter_tensor(_ms_P.ArgMaxWithValue(axis=dim, keep_dims=False)(x)[1])
-    return _c.torch.max(x, dim=dim)[0]
-
-
-def min_values(x, dim):
-    """torch.min(x, dim)[0]."""
-    if in_graph():
-        return _c.torch.cast_to_adapter_tensor(_ms_P.ArgMinWithValue(axis=dim, keep_dims=False)(x)[1])
-    return _c.torch.min(x, dim=dim)[0]
-
-
-def detach(x):
-    """`x.detach()`: the value without gradient (compiled, MindSpore's tensors have no `detach` method)."""
-    if in_graph():
-        return _c.torch.cast_to_adapter_tensor(_ms_ops.stop_gradient(x))
-    return x.detach()
 
 
 def max_pool2d_ceil(x, kernel_size, stride):
@@ -100,33 +68,6 @@ def max_pool2d_ceil(x, kernel_size, stride):
     return _c.torch.cast_to_adapter_tensor(pool(x))
 
 
-def where(condition, x, y):
-    """torch.where(condition, x, y)."""
-    if in_graph():
-        return _c.torch.cast_to_adapter_tensor(_ms_ops.select(condition, x, y))
-    return _eager_where(condition, x, y)
-
-
-@eager_only  # (the layer's torch.where does not even parse in compiled code, although never called there)
-def _eager_where(condition, x, y):
-    return _c.torch.where(condition, x, y)
-
-
-def broadcast_rows(x, rows):
-    """x (N, 1, M) broadcast to (N, rows, M), the values of `x.expand(N, rows, M)`. On MindSpore it is a batched
-    matrix product with a column of ones, exact in the forward, whose gradient (the sum over the rows) is a
-    matrix product too: BroadcastTo's gradient is a sum over a middle axis, which MindSpore's CPU kernels take
-    several times longer for (bench/reductions.py). torch expands a view."""
-    n, m = x.shape[0], x.shape[2]
-    if not _c.IS_MINDSPORE:
-        return x.expand(n, rows, m)
-    if in_graph():
-        ones = _c.torch.cast_to_adapter_tensor(_FILL(_mstype.float32, _ones_column_c(n, rows), 1.0))
-    else:
-        ones = _c.torch.ones(n, rows, 1)
-    return _c.torch.bmm(ones, x)
-
-
 def scale_rows(x, s):
     """x (R, M) times s (R, 1), one factor per row: the values of `x * s.expand_as(x)` and its gradients (d/dx:
     the incoming gradient times s per row; d/ds: the row sums of the incoming gradient times x), which is what
@@ -140,10 +81,6 @@ def scale_rows(x, s):
     return _c.torch.cast_to_adapter_tensor(_SCALE_ROWS(x, s))
 
 
-def _ones_column(n, rows):
-    return (int(n), int(rows), 1)
-
-
 _LP_NORM_IN_GRAPHS = _EXPORT_CLAMP_AS_MAXIMUM = False  # the active layer's (compat/layers/), read in graphs
 if _c.IS_MINDSPORE:
     _LP_NORM_IN_GRAPHS, _EXPORT_CLAMP_AS_MAXIMUM = _c.layer.LP_NORM_IN_GRAPHS, _c.layer.EXPORT_CLAMP_AS_MAXIMUM
@@ -151,9 +88,6 @@ if _c.IS_MINDSPORE:
     from mindspore.ops import operations as _ms_P
     from mindspore.ops._primitive_cache import _get_cache_prim as _prim_cache
     _SUM_KEEPDIM = _ms_ops.ReduceSum(keep_dims=True)
-    _FILL = _ms_P.Fill()
-    from mindspore.common import dtype as _mstype
-    _ones_column_c = _ms_ops.constexpr(_ones_column, check=False)
     _lp_norm_c = _ms_ops.constexpr(_lp_norm, check=False)
     _positive_integral_c = _ms_ops.constexpr(_positive_integral, check=False)
     import mindspore as _mindspore

@@ -13,13 +13,13 @@ against op-by-op execution):
 - no in-place tensor ops (`add_`, `inplace=True`, `out=`): compiled, they give wrong values without an error;
 - no device->host reads (`.asnumpy()`, `float(t)`, numpy on tensors): compiled, they read garbage;
 - no `raise` of the project's exception classes, no `with`, no function-local `import` (parse errors), even
-  in branches that are not taken. Input checks and bookkeeping that need Python go into functions decorated
-  with `eager_only`: they run as usual op by op and are skipped inside a compiled function (where tensor
-  values do not exist yet);
+  in branches that are not taken. Input checks and bookkeeping that need Python run under
+  `if not torch.compiler.is_compiling()` (True while compat builds a graph; compat's own code uses
+  `eager_only`): op by op as usual, skipped inside a compiled function (where tensor values do not exist yet);
 - containers are passed by value: a callee that writes into a dict it was given leaves the caller's dict
   unchanged (no error; the key is missing later), so callees return what they computed. Lists of tuples of
   tensors fail to compile in some places ("Expect tensor type"): use tuples. No `dict(key=...)`, no dict
-  comprehensions, no `.detach()` (`compat.detach`), no `.eq()`;
+  comprehensions, no `.detach()` (the layer's does not parse: a comparison needs none), no `.eq()`;
 - a MindSpore export may switch its "JIT fallback" (how graphs run Python they cannot compile: dict outputs,
   the torch-API layer's `warnings.warn`...) off for the rest of the process by setting the process variable
   MS_DEV_ENABLE_FALLBACK_RUNTIME=0; graphs built after that return a dict as a tuple or fail to parse.

@@ -580,7 +580,8 @@ def test_depth_errors():
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["op-by-op", "compiled"])
 def test_feature_map_forms_give_the_plain_values_and_gradients(compiled):
-    """spatial_mean, scale_channels (reid/modeling/layers.py) and compat.broadcast_rows, the forms the CODE blocks
+    """spatial_mean, scale_channels (reid/modeling/layers.py) and the experts' residual broadcast as
+    `torch.bmm(torch.ones(n, k, 1).type_as(x), x)` (reid/modeling/backbones/acl_resnet.py), the forms the CODE blocks
     and poolings write their means and broadcasts in, against numpy's mean over (2, 3), the broadcast product and
     the broadcast sum: values, and the gradients of a weighted sum with respect to every input (the sums over
     the broadcast axes), op by op and compiled (MindSpore only)."""
@@ -598,7 +599,8 @@ def test_feature_map_forms_give_the_plain_values_and_gradients(compiled):
     weights = [t(a) for a in (w_mean, w_scale, w_rows)]
 
     def outputs(xp, sp, rp):
-        return spatial_mean(xp), scale_channels(xp, sp), compat.broadcast_rows(rp, k)
+        ones = compat.torch.ones(int(rp.shape[0]), k, 1).type_as(rp)
+        return spatial_mean(xp), scale_channels(xp, sp), compat.torch.bmm(ones, rp)
 
     def loss_fn():
         mean, scaled, broad = outputs(*params)
