@@ -14,8 +14,8 @@ batch_norm modes (the ACL "type_running_stats"):
              convention (new = (1-m)*old + m*batch) and the UNBIASED batch variance
   'hold'     batch statistics; running statistics neither read nor written
   'eval'     running statistics
-(The model's DataParallel emulation, statistics per contiguous chunk, is model code: reid's
-MetaBatchNorm._split_forward, on torch's F.batch_norm.)
+(The model's DataParallel emulation, statistics per contiguous chunk, is model code: reid's MetaBatchNorm
+runs one F.batch_norm per chunk.)
 """
 import numpy as np
 
@@ -199,9 +199,8 @@ def _stateless_graph_batch_norm(x, running_mean, running_var, weight, bias, mode
     """Batch norm inside a differentiated graph (`compat.jit.value_and_grad`, `in_grad_graph()`): the
     training kernel runs as a pure op (`_stateless_bn`, which writes no moving statistics and takes tensors for
     the affine, fast weights among them), and in mode 'general' torch's running-statistics update is written
-    into the running statistics by an Assign in the graph. The write is a side effect the graph keeps whether
-    or not the output reaches the loss: a call made for its running statistics only (the first chunk of reid's
-    split batch norm) updates them too."""
+    into the running statistics by an Assign in the graph, a side effect the graph keeps whether or not the
+    output reaches the loss (as op by op)."""
     shape = x.shape
     x4 = _RESHAPE(x, _shape4_c(shape)) if len(shape) < 4 else x
     channels = _channels_c(shape)

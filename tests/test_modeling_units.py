@@ -259,15 +259,18 @@ def _implicit_broadcasts(run):
 
 @pytest.mark.skipif(compat.IS_MINDSPORE, reason="records ops through torch's __torch_function__; the model code "
                     "is the same on every backend")
+@pytest.mark.parametrize("splits", [1, 2], ids=["one-split", "two-splits"])
 @pytest.mark.parametrize("backbone", M.BACKBONE_REGISTRY.names())
-def test_no_implicit_broadcast_on_feature_maps(backbone):
+def test_no_implicit_broadcast_on_feature_maps(backbone, splits):
     """Every broadcast of a per-channel / per-sample / per-expert tensor over a feature map is written out
     (`.expand_as`): in a compiled MindSpore 2.0 CPU graph each implicitly broadcasting elementwise kernel keeps
     about four times its output in memory for the life of the graph, per graph (docs/performance.md);
-    expanded first, the same op keeps nothing. torch computes both forms bit for bit alike."""
+    expanded first, the same op keeps nothing. torch computes both forms bit for bit alike. Two splits: the
+    batch norms' per-chunk statistics (one F.batch_norm per chunk in MetaBatchNorm) too."""
     from reid.modeling.backbones.acl_resnet import SELayer
     np.random.seed(0)
-    model = M.build_model(small_cfg("ACL" if backbone.startswith("acl") else "Baseline", backbone, width=8))
+    model = M.build_model(small_cfg("ACL" if backbone.startswith("acl") else "Baseline", backbone, width=8,
+                                    splits=splits))
 
     def forwards():
         model.train()

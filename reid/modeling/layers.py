@@ -118,24 +118,14 @@ class MetaBatchNorm(MetaModule):
             return F.batch_norm(x, mean, var, weight, bias, True, self.momentum, self.eps)
         if not torch.compiler.is_compiling():
             _check_split(x.shape[0], splits)
-        return self._split_forward(x, weight, bias, splits, mode == "general")
-
-    def _split_forward(self, x, weight, bias, splits, update):
-        """Batch statistics per contiguous chunk (DataParallel's replicas), computed for all chunks at once on the
-        (splits, N/splits, ...) view; the running statistics follow the first chunk's, the replica whose buffers
-        are the module's: F.batch_norm on that chunk, run for its update of them (its output unused)."""
-        shape = tuple(x.shape)
-        size = shape[0] // splits
-        chunks = x.reshape((splits, size) + shape[1:])
-        dims = (1,) + tuple(range(3, len(shape) + 1))
-        mean = chunks.mean(dims, keepdim=True)
-        centred = chunks - mean
-        var = (centred * centred).mean(dims, keepdim=True)
-        y = (centred / torch.sqrt(var + self.eps)).reshape(shape)
-        if update:
-            F.batch_norm(x[:size], self.running_mean, self.running_var, None, None, True, self.momentum, self.eps)
-        affine = (1, shape[1]) + (1,) * (len(shape) - 2)
-        return y * weight.reshape(affine) + bias.reshape(affine)
+        # DataParallel's replicas: each contiguous chunk normalised by its own batch statistics; the running
+        # statistics follow the first chunk's, the replica whose buffers are the module's
+        size = x.shape[0] // splits
+        chunks = (F.batch_norm(x[:size], mean, var, weight, bias, True, self.momentum, self.eps),)
+        for i in range(1, splits):
+            chunks = chunks + (F.batch_norm(x[i * size:(i + 1) * size], None, None, weight, bias, True,
+                                            self.momentum, self.eps),)
+        return torch.cat(chunks, 0)
 
 
 def _check_split(n, num_splits):
