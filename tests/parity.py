@@ -33,23 +33,6 @@ def update_errors(before, got_after, ref_after):
     return total, per
 
 
-def assert_update_direction(before, got_after, ref_after, name, min_cosine, max_ratio, label=""):
-    """For the tensor `name` where its update is float32 rounding more than signal (so that the relative error
-    of `update_errors` says nothing): fail unless Δ_got points along Δ_ref (cosine above `min_cosine`) and its
-    length is within a factor `max_ratio` of Δ_ref's. A skipped (length 0), reversed or unrelated update fails;
-    a half-size one passes, which is why it is kept for named tensors at named steps. Returns (cosine, length
-    ratio) for reporting."""
-    d_got = np.asarray(got_after[name], np.float64) - np.asarray(before[name], np.float64)
-    d_ref = np.asarray(ref_after[name], np.float64) - np.asarray(before[name], np.float64)
-    n_got, n_ref = float(np.linalg.norm(d_got)), float(np.linalg.norm(d_ref))
-    ratio = n_got / n_ref
-    cosine = float((d_got * d_ref).sum()) / (n_got * n_ref) if n_got > 0 else 0.0
-    assert cosine > min_cosine and 1 / max_ratio < ratio < max_ratio, (
-        "%s: %s's update has cosine %.3g (bound %.3g) and length ratio %.3g (bound %.3g) against the reference"
-        % (label, name, cosine, min_cosine, ratio, max_ratio))
-    return cosine, ratio
-
-
 def assert_update_matches(before, got_after, ref_after, total_tol, tensor_tol, label="", tensor_tols=None):
     """Fail unless the update agrees within `total_tol` over all tensors and `tensor_tol` per tensor
     (`tensor_tols` may give a different bound for named tensors). Both bounds must stay below 0.5: a
