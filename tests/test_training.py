@@ -238,11 +238,15 @@ def test_steps_match_between_backends(synth_root, tmp_path, splits, iterations):
     if reference is not pt:
         print("torch float32 against torch float64: worst step %.3g over all tensors, worst tensor %.3g (%s)"
               % torch_worst)
-    # the run went somewhere: most weights moved and the loss changed
+    # the run went somewhere: most weights moved and the loss changed. Not "the last basic step's loss differs
+    # from the first's": a free-running float32 trajectory depends on the kernels' summation order (torch's
+    # thread count; make test gives each suite one), and with one thread the two-chunk run's tenth step lands
+    # within 2e-4 of the first. Learning itself: test_training_reduces_the_loss_on_a_fixed_batch.
     init = run_cases("torch", [("tests.test_training:case_read", dict(path=weights))])[0]
     moved = [n for n, v in pt["after"][-1].items() if not np.allclose(v, init[n])]
     assert len(moved) > 0.9 * len(pt["after"][-1])
-    assert abs(pt["losses"][-2] - pt["losses"][0]) > 1e-2
+    basic = [loss for loss, kind in zip(pt["losses"], plan) if kind == "basic"]
+    assert max(abs(loss - basic[0]) for loss in basic[1:]) > 1e-2, basic
 
 
 def teacher_forced_runs(synth_root, tmp_path, iterations, extra, compiled=False, float64=False):
