@@ -254,6 +254,21 @@ def teacher_forced_runs(synth_root, tmp_path, iterations, extra, compiled=False,
     also with compiled steps (MODEL.JIT True) in the same process; with `float64` torch takes them too, in
     double precision. Returns (the initial weights' path, torch's record, MindSpore's op-by-op record[,
     MindSpore's compiled record][, torch float64's record]) of `case_steps`."""
+    weights, pt, kwargs = torch_leads(synth_root, tmp_path, iterations, extra)
+    cases = [following(kwargs, tmp_path / "ms", ["MODEL.JIT", "False"])]
+    if compiled:  # in this pytest process (make test runs [1-20] in one of its own; exports first: test_compiled.py)
+        cases.append(following(kwargs, tmp_path / "jit", ["MODEL.JIT", "True"]))
+    runs = (weights, pt) + tuple(run_cases("mindspore", cases))
+    if float64:
+        runs += tuple(run_cases("torch", [("tests.test_training:case_steps", dict(
+            kwargs, out=str(tmp_path / "pt64"), follow=True, float64=True))], fresh=True))
+    return runs
+
+
+def torch_leads(synth_root, tmp_path, iterations, extra):
+    """The run the others follow: torch writes initial weights and trains `iterations` iterations from them,
+    saving its state before every step. Returns (the weights' path, torch's record, the `case_steps` keywords
+    that a following run starts from)."""
     weights = str(tmp_path / "init.pth")
     states = tmp_path / "states"
     states.mkdir()
@@ -261,16 +276,14 @@ def teacher_forced_runs(synth_root, tmp_path, iterations, extra, compiled=False,
                          dict(root=synth_root, out=str(tmp_path / "init"), path=weights, extra=extra))])
     kwargs = dict(root=synth_root, weights=weights, iterations=iterations, extra=extra, state_dir=str(states))
     pt = run_cases("torch", [("tests.test_training:case_steps", dict(kwargs, out=str(tmp_path / "pt")))])[0]
-    cases = [("tests.test_training:case_steps", dict(kwargs, out=str(tmp_path / "ms"), follow=True,
-                                                     extra=list(extra) + ["MODEL.JIT", "False"]))]
-    if compiled:  # in this pytest process (make test runs [1-20] in one of its own; exports first: test_compiled.py)
-        cases.append(("tests.test_training:case_steps", dict(kwargs, out=str(tmp_path / "jit"), follow=True,
-                                                             extra=list(extra) + ["MODEL.JIT", "True"])))
-    runs = (weights, pt) + tuple(run_cases("mindspore", cases))
-    if float64:
-        runs += tuple(run_cases("torch", [("tests.test_training:case_steps", dict(
-            kwargs, out=str(tmp_path / "pt64"), follow=True, float64=True))], fresh=True))
-    return runs
+    return weights, pt, kwargs
+
+
+def following(kwargs, out, more):
+    """The `case_steps` call of a run that takes each of `torch_leads`'s steps from torch's state before it,
+    with options `more` beyond torch's."""
+    return ("tests.test_training:case_steps", dict(kwargs, out=str(out), follow=True,
+                                                   extra=list(kwargs["extra"]) + list(more)))
 
 
 # Compiled against op by op (MindSpore both, the same start states): the loss to 1e-5 relative, each logged
@@ -381,8 +394,9 @@ def test_demo_recipe_steps_match_between_backends(synth_root, tmp_path):
 
 
 def test_resume_continues_the_same_trajectory(synth_root, tmp_path):
-    """8 iterations straight vs 5 + resume from the checkpoint after iteration 4 (a meta step follows at 6;
-    augmentation on, so the per-sample augmentation streams and sampler positions must be restored too)."""
+    """8 iterations straight vs a resume from the checkpoint after iteration 4, in a copy of the run's folder as
+    it was then (a meta step follows at 6; augmentation on, so the per-sample augmentation streams and sampler
+    positions must be restored too)."""
     import compat
     from reid.engine.trainer import Trainer
     cfg = _cfg(synth_root, str(tmp_path / "full"))
@@ -390,10 +404,8 @@ def test_resume_continues_the_same_trajectory(synth_root, tmp_path):
     # the trainer works on a copy that carries the class counts; the caller's frozen config is left alone
     assert cfg.is_frozen() and list(cfg.MODEL.HEADS.NUM_CLASSES) == [11934, 751, 1041]
     assert list(full.cfg.MODEL.HEADS.NUM_CLASSES) == full.data.num_classes == [8, 8, 8]
+    full.register_hooks([_save_at(4, copy_to=str(tmp_path / "part"))])
     full.train(max_iter=8)
-    part = _trainer(synth_root, str(tmp_path / "part"))
-    part.register_hooks([_save_at(4)])
-    part.train(max_iter=5)
     resumed = _trainer(synth_root, str(tmp_path / "part"), resume=True)
     assert resumed.start_iter == 5
     resumed.train(max_iter=8)
@@ -405,13 +417,18 @@ def test_resume_continues_the_same_trajectory(synth_root, tmp_path):
         np.testing.assert_allclose(b[name], a[name], rtol=1e-5, atol=1e-7, err_msg=name)
 
 
-def _save_at(iteration):
+def _save_at(iteration, copy_to=None):
+    """A hook that saves a checkpoint after `iteration`; `copy_to`: then copies the run's folder there (what a
+    run stopped at that point leaves)."""
+    import shutil
     from reid.engine.train_loop import HookBase
 
     class SaveAt(HookBase):
         def after_step(self):
             if self.trainer.iter == iteration:
                 self.trainer.save_checkpoint("model_%07d.pth" % iteration)
+                if copy_to:
+                    shutil.copytree(self.trainer.output_dir, copy_to)
     return SaveAt()
 
 
