@@ -95,7 +95,7 @@ SUITE_THREADS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); t=$$((n / $(TEST_JOB
 STEP_COMPARISON := tests/test_training.py::test_steps_match_between_backends[1-20]
 COMPILED_STEPS := tests/test_compiled_steps.py
 # the default stack's files that run in the second job, after the torch suite and the step comparisons
-MS27_SECOND := tests/test_distributed.py tests/test_index_sharded.py
+MS27_SECOND := tests/test_distributed.py tests/test_index_sharded.py tests/test_export.py
 SUITES := suite-ms27 suite-torch suite-ms27-steps suite-ms27-second
 # First the environments and the browser (below) install side by side, as `make setup` does.
 test: retired-env
