@@ -260,8 +260,7 @@ def teacher_forced_runs(synth_root, tmp_path, iterations, extra, compiled=False,
         cases.append(following(kwargs, tmp_path / "jit", ["MODEL.JIT", "True"]))
     runs = (weights, pt) + tuple(run_cases("mindspore", cases))
     if float64:
-        runs += tuple(run_cases("torch", [("tests.test_training:case_steps", dict(
-            kwargs, out=str(tmp_path / "pt64"), follow=True, float64=True))], fresh=True))
+        runs += tuple(run_cases("torch", [following(kwargs, tmp_path / "pt64", float64=True)], fresh=True))
     return runs
 
 
@@ -279,11 +278,11 @@ def torch_leads(synth_root, tmp_path, iterations, extra):
     return weights, pt, kwargs
 
 
-def following(kwargs, out, more):
+def following(kwargs, out, more=(), **case):
     """The `case_steps` call of a run that takes each of `torch_leads`'s steps from torch's state before it,
-    with options `more` beyond torch's."""
+    with options `more` beyond torch's and `case`'s keywords (float64)."""
     return ("tests.test_training:case_steps", dict(kwargs, out=str(out), follow=True,
-                                                   extra=list(kwargs["extra"]) + list(more)))
+                                                   extra=list(kwargs["extra"]) + list(more), **case))
 
 
 # Compiled against op by op (MindSpore both, the same start states): the loss to 1e-5 relative, each logged
