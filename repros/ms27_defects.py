@@ -139,6 +139,16 @@ def batch_norm():
     return "ok"
 
 
+def float_round():
+    """float() of a tensor is rounded to 5 decimal places: 3e-6 reads 0.0."""
+    torch = _layer()
+    t = torch.tensor(np.float32(3e-6))
+    got = float(t)
+    if got != float(np.float32(3e-6)):
+        return "DEFECT: float(tensor(3e-6)) = %r, .item() = %r" % (got, t.item())
+    return "ok: float(tensor(3e-6)) = %r" % got
+
+
 def module_bprop():
     """nn.Module is not a MindSpore Cell: a custom backward (`bprop`) on a module is never called."""
     import mindspore
@@ -356,7 +366,7 @@ def map_exit():
 
 
 CASES = {"dtype-str": dtype_str, "device": device, "move-to": move_to, "vector-norm": vector_norm,
-         "cross-entropy": cross_entropy, "batch-norm": batch_norm, "module-bprop": module_bprop,
+         "cross-entropy": cross_entropy, "batch-norm": batch_norm, "float": float_round, "module-bprop": module_bprop,
          "backward": backward, "sgd": sgd, "jit-module": jit_module, "dict-aux": dict_aux,
          "side-effects": side_effects, "map-exit": map_exit}
 

@@ -244,6 +244,21 @@ def test_manual_seed_also_seeds_mindspore():
             mindspore.set_seed(before)
 
 
+def test_float_of_a_tensor_is_its_full_value():
+    """The layer's `float(tensor)` rounds to 5 decimal places; compat's (defects._float_full_precision) is the
+    value itself, as torch's and as `.item()`."""
+    torch, _ = _ms27()
+    value = np.float32(3.5315153598785400)
+    small = np.float32(3e-6)
+    t, s = torch.tensor(value), torch.tensor(small)
+    original = vars(torch.Tensor)["__float__"].compat_original
+    assert original(t) == 3.53152 and original(s) == 0.0
+    assert float(t) == float(value) == t.item()
+    assert float(s) == float(small)
+    assert "%.9f" % torch.tensor(np.float32(0.123456789)) == "%.9f" % np.float32(0.123456789)
+    assert float(torch.tensor([2.5e-7])) == float(np.float32(2.5e-7))  # one element, any shape
+
+
 def test_batch_norm_modules_use_their_affine_and_running_statistics():
     torch, _ = _ms27()
     rng = np.random.RandomState(0)

@@ -13,6 +13,7 @@ cases are in repros/ms27_defects.py and repros/ms27_graph_defects.py, on MindSpo
 | vector-norm | the CPU norm refuses dim=None and inf, truncates fractional orders | defects._vector_norm | test_compat_ms27.py::test_vector_norm_defects_of_the_layer_kernel_and_the_fractional_gradient |
 | cross-entropy | `F.cross_entropy` and its gradient off by many float32 roundings | defects._cross_entropy | test_compat_ms27.py::test_cross_entropy_is_as_accurate_as_torch |
 | batch-norm | `nn.BatchNorm*` swaps the affine and the running statistics | defects._batch_norm_arguments | test_compat_ms27.py::test_batch_norm_modules_use_their_affine_and_running_statistics |
+| float | `float(tensor)` rounds to 5 decimal places: logged losses keep 6 digits, 3e-6 reads 0.0 | defects._float_full_precision | test_compat_ms27.py::test_float_of_a_tensor_is_its_full_value |
 | map-exit | a loader with workers (a MindSpore `map` with worker processes) takes 5 s more to end | defects._map_workers_quit | test_compat_ms27.py::test_a_loader_with_workers_ends_without_waiting_for_its_clean_up_process |
 | manual-seed | `torch.manual_seed` leaves MindSpore's global seed (its initializers, its random ops) as it was | defects._manual_seed_seeds_mindspore | test_compat_ms27.py::test_manual_seed_also_seeds_mindspore |
 | module-bprop | a custom backward on a Module is never called | compat.custom_op.custom_op (a Cell) | test_compat_ms27.py::test_a_module_bprop_is_ignored_and_custom_op_uses_a_cell |
@@ -62,6 +63,8 @@ DEFECTS = (
     Defect("batch-norm", "`nn.BatchNorm*` swaps the affine and the running statistics",
            "compat.layers.ms27.defects._batch_norm_arguments",
            _T + "test_batch_norm_modules_use_their_affine_and_running_statistics"),
+    Defect("float", "`float(tensor)` rounds to 5 decimal places: logged losses keep 6 digits, 3e-6 reads 0.0",
+           "compat.layers.ms27.defects._float_full_precision", _T + "test_float_of_a_tensor_is_its_full_value"),
     Defect("map-exit", "a loader with workers (a MindSpore `map` with worker processes) takes 5 s more to end",
            "compat.layers.ms27.defects._map_workers_quit",
            _T + "test_a_loader_with_workers_ends_without_waiting_for_its_clean_up_process"),

@@ -29,7 +29,7 @@ def apply(torch):
     done = []
     for shim in (_identity_cast, _mindspore_dtype_names, _tensor_device_default, _move_to_same_device,
                  _vector_norm, _cross_entropy, _batch_norm_arguments, _map_workers_quit,
-                 _float_buffers_as_parameters, _manual_seed_seeds_mindspore):
+                 _float_buffers_as_parameters, _manual_seed_seeds_mindspore, _float_full_precision):
         what = shim(torch)
         if what:
             done.append(what)
@@ -78,6 +78,24 @@ def _manual_seed_seeds_mindspore(torch):
     manual_seed.__doc__ = original.__doc__
     torch.manual_seed = manual_seed
     return "torch.manual_seed also sets MindSpore's global seed"
+
+
+def _float_full_precision(torch):
+    """mindtorch's `float(tensor)` rounds the value to 5 decimal places (`round(float(item), 5)`): a loss logged
+    through it keeps 6 significant digits, a gradient norm of 3e-6 reads 0.0, and `'%.7f' % t` prints zeros
+    after the fifth. torch's `float()` is the tensor's value as a Python float, as `.item()` is here too."""
+    classes = _patched_classes(torch, "__float__")
+    if not classes or getattr(vars(torch.Tensor)["__float__"], "compat_original", None) is not None:
+        return None
+    original = vars(torch.Tensor)["__float__"]
+
+    def __float__(self):
+        return float(self.item())
+
+    __float__.compat_original = original
+    for cls in classes:
+        cls.__float__ = __float__
+    return "float(tensor) keeps the full value"
 
 
 def _identity_cast(torch):
