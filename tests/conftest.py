@@ -39,6 +39,21 @@ def synth_root(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def cli_run(synth_root, tmp_path_factory):
+    """One tiny training as a user runs it: the installed acl-reid-train, from a folder of its own, the checkout
+    not on PYTHONPATH, with tests/test_training.py's `cli_train_opts` (the tiny recipe, 2 epochs of 2
+    iterations, evaluated before training and after each epoch). Returns (OUTPUT_DIR, stdout). Shared:
+    test_training.py checks what it writes and that train.py, supervised through two crashes, ends where it
+    did; test_commands.py converts, evaluates, exports, indexes and searches its weights."""
+    from tests.test_commands import command
+    from tests.test_training import cli_train_opts
+    work = tmp_path_factory.mktemp("cli")
+    out = work / "run"
+    proc = command("acl-reid-train", cli_train_opts(synth_root, out), work)
+    return out, proc.stdout
+
+
+@pytest.fixture(scope="session")
 def retrieval_world(tmp_path_factory, synth_root):
     """The synthetic target (SynthD) copied as a plain folder tree of query/ and bounding_box_test/, the
     training images weights are calibrated on (tests/test_retrieval.py make_weights), and the demo-width

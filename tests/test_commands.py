@@ -2,7 +2,8 @@
 sys.executable), with the options the README and docs show, on the small synthetic data, checked by its exit
 status and the files it writes. `make test` runs the file in each environment, so it covers each stack.
 
-One tiny trained model (acl-reid-train, 2 iterations) serves every case; the others convert it, evaluate it
+One tiny trained model (acl-reid-train, 4 iterations: conftest.py's cli_run, which tests/test_training.py
+checks too) serves every case; the others convert it, evaluate it
 (op by op, with rank lists; with the ONNX file acl-reid-export writes), index a 20-image gallery (an .npz
 file by 2 extraction processes; Milvus Lite), search it (both stores, with rank-list pictures), serve the
 Milvus one over HTTP (acl-reid-serve, where the server's requirements are installed) and sweep
@@ -20,13 +21,14 @@ import numpy as np
 import pytest
 
 from tests.crossenv import ROOT
+from tests.test_training import TINY as TRAINING_TINY
 
 BIN = os.path.dirname(sys.executable)
 DEMO = str(ROOT / "configs" / "synthetic" / "acl.yml")
-# the demo recipe cut to 2 iterations of small batches, evaluated once at the end, op by op
-TINY = ["DATASETS.SYNTHETIC.NUM_IDS", "16", "SOLVER.MAX_EPOCH", "1", "SOLVER.ITERS_PER_EPOCH", "2",
-        "SOLVER.IMS_PER_BATCH", "16", "META.IMS_PER_DOMAIN", "8", "SOLVER.WARMUP_EPOCHS", "0", "SOLVER.STEPS", "[1]",
-        "MODEL.JIT", "False", "TEST.JIT", "False", "TEST.EVAL_AT_START", "False", "TEST.REFERENCE", ""]
+# the sweep's run: the training tests' tiny recipe (tests/test_training.py) for 2 iterations, evaluated once
+# at the end, op by op
+TINY = TRAINING_TINY + ["SOLVER.MAX_EPOCH", "1", "SOLVER.ITERS_PER_EPOCH", "2", "TEST.EVAL_AT_START", "False",
+                        "TEST.REFERENCE", ""]
 METRICS = ("Rank-1", "mAP")
 # metrics of the same weights from two evaluations (another engine, another process): percentages of 21 queries
 SAME_METRICS = 0.1
@@ -56,17 +58,14 @@ def assert_same_metrics(a, b):
 
 
 @pytest.fixture(scope="module")
-def trained(synth_root, tmp_path_factory):
-    """acl-reid-train, 2 iterations: the run's folder (config.yaml, model_final.pth, results.json)."""
-    work = tmp_path_factory.mktemp("commands")
-    out = work / "train"
-    proc = command("acl-reid-train", ["--config-file", DEMO, "DATASETS.ROOT", synth_root, "OUTPUT_DIR", out] + TINY,
-                   work)
+def trained(cli_run, synth_root):
+    """acl-reid-train's run (conftest.py's cli_run): its folder (config.yaml, model_final.pth, results.json)."""
+    out, stdout = cli_run
     for name in ("config.yaml", "model_final.pth", "results.json", "metrics.json"):
         assert (out / name).is_file(), name
     last = metrics(out / "results.json")
-    assert all(0 <= v <= 100 for v in last.values()) and "| last" in proc.stdout, proc.stdout
-    return {"work": work, "out": out, "config": str(out / "config.yaml"), "weights": str(out / "model_final.pth"),
+    assert all(0 <= v <= 100 for v in last.values()) and "| last" in stdout, stdout
+    return {"out": out, "config": str(out / "config.yaml"), "weights": str(out / "model_final.pth"),
             "data": synth_root, "last": last}
 
 

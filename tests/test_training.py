@@ -556,21 +556,17 @@ def test_cli_test_without_weights_and_with_corrupt_weights(tmp_path):
     assert proc.returncode == 2 and last.startswith("error: ") and str(bad) in last
 
 
-def _cli_train_args(synth_root, out):
-    """train.py for 2 epochs of 2 iterations with an evaluation before training and after each epoch, and a
-    checkpoint after every iteration."""
-    return ["train.py", "--config-file", "configs/synthetic/acl.yml"] + TINY + [
+def cli_train_opts(synth_root, out):
+    """The training command's arguments for 2 epochs of 2 iterations with an evaluation before training and after
+    each epoch, and a checkpoint after every iteration (conftest.py's `cli_run` is that run, uninterrupted)."""
+    return ["--config-file", str(ROOT / "configs" / "synthetic" / "acl.yml")] + TINY + [
         "DATASETS.ROOT", synth_root, "OUTPUT_DIR", str(out), "SOLVER.MAX_EPOCH", "2", "SOLVER.ITERS_PER_EPOCH", "2",
         "TEST.EVAL_PERIOD", "1", "SOLVER.CHECKPOINT_ITERS", "1"]
 
 
-@pytest.fixture(scope="module")
-def cli_run(synth_root, tmp_path_factory):
-    """The uninterrupted run (on the active backend); returns its OUTPUT_DIR and its stdout."""
-    out = tmp_path_factory.mktemp("cli") / "run"
-    proc = _run_cli(_cli_train_args(synth_root, out))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return out, proc.stdout
+def _cli_train_args(synth_root, out):
+    """train.py with cli_train_opts."""
+    return ["train.py"] + cli_train_opts(synth_root, out)
 
 
 def test_train_then_test_cli_writes_outputs(cli_run):
@@ -588,6 +584,8 @@ def test_train_then_test_cli_writes_outputs(cli_run):
     records = [json.loads(l) for l in (out / "metrics.json").read_text().splitlines()]
     assert [r["iteration"] for r in records if "lr" in r] == [0, 1, 2, 3]
     assert [r["iteration"] for r in records if "meta/loss_mtest" in r] == [0, 3]  # META.PERIOD 3
+    # the losses as computed, not rounded on the way (mindtorch's float() of a tensor keeps 5 decimals)
+    assert any(round(r["loss_basic"], 5) != r["loss_basic"] for r in records if "loss_basic" in r), records
     # both meta steps' cluster terms, each under its step's prefix (one name for both would keep the last)
     assert all({"meta/mtrain/loss_intra", "meta/mtest/loss_intra", "meta/mtrain/loss_sct"} <= set(r)
                for r in records if "meta/loss_mtest" in r)
@@ -704,13 +702,13 @@ def _records(path):
 
 @pytest.mark.slow
 def test_supervised_training_survives_sigkill_and_sigsegv(cli_run, synth_root, tmp_path):
-    """train.py with cli_run's arguments (supervised: --max-restarts defaults to 3; a checkpoint after every
-    iteration). Its training process is killed with SIGKILL once it has saved the checkpoint of iteration 0,
-    and the restarted one with SIGSEGV once it has saved the checkpoint of iteration 1. The run still ends as
-    the uninterrupted cli_run did: the same final and best weights, results.json, and metrics.json records
-    (timings aside). About 2.5 minutes on a loaded 2-core CPU (three MindSpore training processes, each
-    paying the first iteration's ~40 s warm-up); run on the MindSpore side only, the supervisor itself is
-    backend-neutral (its logic is tested with stand-in processes in test_engine_loop.py)."""
+    """train.py with the arguments cli_run gave acl-reid-train (supervised: --max-restarts defaults to 3; a
+    checkpoint after every iteration). Its training process is killed with SIGKILL once it has saved the
+    checkpoint of iteration 0, and the restarted one with SIGSEGV once it has saved the checkpoint of iteration
+    1. The run still ends as the uninterrupted cli_run did: the same final and best weights, results.json, and
+    metrics.json records (timings aside). About 2.5 minutes on a loaded 2-core CPU (three MindSpore training
+    processes, each paying the first iteration's ~40 s warm-up); run on the MindSpore side only, the supervisor
+    itself is backend-neutral (its logic is tested with stand-in processes in test_engine_loop.py)."""
     from tests.crossenv import active_backend
     if active_backend() != "mindspore":
         pytest.skip("checked on the MindSpore side (whose native crashes the supervisor is for)")
