@@ -27,8 +27,8 @@ BIN = os.path.dirname(sys.executable)
 DEMO = str(ROOT / "configs" / "synthetic" / "acl.yml")
 # the sweep's run: the training tests' tiny recipe (tests/test_training.py) for 2 iterations, evaluated once
 # at the end, op by op
-TINY = TRAINING_TINY + ["SOLVER.MAX_EPOCH", "1", "SOLVER.ITERS_PER_EPOCH", "2", "TEST.EVAL_AT_START", "False",
-                        "TEST.REFERENCE", ""]
+TINY = TRAINING_TINY + ["SOLVER.MAX_EPOCH", "1", "SOLVER.ITERS_PER_EPOCH", "2", "SOLVER.WARMUP_EPOCHS", "0",
+                        "TEST.EVAL_AT_START", "False", "TEST.REFERENCE", ""]
 METRICS = ("Rank-1", "mAP")
 # metrics of the same weights from two evaluations (another engine, another process): percentages of 21 queries
 SAME_METRICS = 0.1
