@@ -84,18 +84,24 @@ def _float_full_precision(torch):
     """mindtorch's `float(tensor)` rounds the value to 5 decimal places (`round(float(item), 5)`): a loss logged
     through it keeps 6 significant digits, a gradient norm of 3e-6 reads 0.0, and `'%.7f' % t` prints zeros
     after the fifth. torch's `float()` is the tensor's value as a Python float, as `.item()` is here too."""
-    classes = _patched_classes(torch, "__float__")
-    if not classes or getattr(vars(torch.Tensor)["__float__"], "compat_original", None) is not None:
-        return None
-    original = vars(torch.Tensor)["__float__"]
-
     def __float__(self):
         return float(self.item())
+    return _replace_method(torch, "__float__", lambda original: __float__) and "float(tensor) keeps the full value"
 
-    __float__.compat_original = original
+
+def _replace_method(torch, name, make):
+    """Put `make(the layer's method)` in place of the layer's Tensor method `name` on every class that has the
+    layer's patch (`_patched_classes`), keeping the layer's as its `compat_original`; False where there is
+    none, or it is replaced already."""
+    classes = _patched_classes(torch, name)
+    if not classes or getattr(vars(torch.Tensor)[name], "compat_original", None) is not None:
+        return False
+    original = vars(torch.Tensor)[name]
+    method = make(original)
+    method.compat_original = original
     for cls in classes:
-        cls.__float__ = __float__
-    return "float(tensor) keeps the full value"
+        setattr(cls, name, method)
+    return True
 
 
 def _identity_cast(torch):
@@ -168,19 +174,15 @@ def _move_to_same_device(torch):
     any more. The layer's binary ops (`a - b`, `a + b`, ...) first move both operands to their common device
     that way, so the gradient of `a - b` of two CPU tensors is zero too. A move to the device a tensor is on
     is the tensor itself, as in torch."""
-    classes = _patched_classes(torch, "_move_to")
-    if not classes or getattr(vars(torch.Tensor)["_move_to"], "compat_original", None) is not None:
+    def same_device_move(original):
+        def _move_to(self, device, non_blocking=False):
+            if device.type != "meta" and self.device == device:
+                return self
+            return original(self, device, non_blocking)
+        return _move_to
+
+    if not _replace_method(torch, "_move_to", same_device_move):
         return None
-    original = vars(torch.Tensor)["_move_to"]
-
-    def _move_to(self, device, non_blocking=False):
-        if device.type != "meta" and self.device == device:
-            return self
-        return original(self, device, non_blocking)
-
-    _move_to.compat_original = original
-    for cls in classes:
-        cls._move_to = _move_to
     return "Tensor._move_to returns the tensor itself when it is on that device"
 
 
