@@ -214,10 +214,10 @@ def steps_supported():
 
 def grad_graph_forms():
     """Whether differentiated graphs are built with forms of their own here (on MindSpore), `in_grad_graph()`
-    True while they are built: the batch norms run the pure training kernel and write their running statistics
-    with an Assign inside the graph (compat.norm: a write the graph keeps also where the batch norm's output
-    does not reach the loss), and aux dicts leave as tuples: a dict output of a differentiated graph fails to
-    build on 2.7 (`repros/ms27_defects.py dict-aux`; docs/ms27.md#step-graphs)."""
+    True while they are built: the batch norms run the pure training kernel and hand their running-statistics
+    update out as the gradient of the running statistics (compat.norm's statistics tap; `value_and_grad`'s
+    `state`), and aux dicts leave as tuples: a dict output of a differentiated graph fails to build on 2.7
+    (`repros/ms27_defects.py dict-aux`; docs/ms27.md#step-graphs)."""
     return _c.IS_MINDSPORE
 
 
@@ -240,7 +240,7 @@ def swap_in(params, steps):
 
 
 def snapshot(tensors):
-    """Copies of the values of `tensors` (e.g. the running statistics a graph is about to write), for `restore`."""
+    """Copies of the values of `tensors` (e.g. the parameters `swap_in` overwrites), for `restore`."""
     return [_copy(t) for t in tensors]
 
 
@@ -649,18 +649,20 @@ def compiled(fn, name, owner=None, key=None):
     return call
 
 
-def value_and_grad(fn, params, name):
+def value_and_grad(fn, params, name, state=()):
     """Compiled counterpart of `compat.value_and_grad`: `fn(*args)` returns a scalar loss or (loss, aux), aux a
     dict of scalars or a tuple of such dicts; the call returns (loss, aux, grads), one gradient per parameter
     (zero where unused). On torch this is `compat.value_and_grad` (eager). Never cached: MindSpore cannot
     write these graphs to its compile cache ("Cannot export a interpret node in MindIR").
 
-    The graph is built with `in_grad_graph()` True (`grad_graph_forms`: MindSpore): its batch norms run
-    the pure training kernel and write their running statistics with an Assign in the graph (compat.norm), so
-    the call updates them as the same code op by op does; aux dicts leave the graph as tuples of values (a dict
-    output of a differentiated graph fails to build on 2.7) and are rebuilt here with the keys read while it
-    was built."""
-    params = list(params)
+    The graph is built with `in_grad_graph()` True (`grad_graph_forms`: MindSpore) and writes no Parameter:
+    its batch norms in mode 'general' hand torch's running-statistics update out as the gradient of their
+    running statistics (compat.norm), and `state`, the module state `fn` updates (the running statistics), is
+    differentiated with the parameters: the call adds those gradients to it, so the caller sees what the same
+    code op by op does (`call(..., update_state=False)` leaves the state as it was). Aux dicts leave the graph
+    as tuples of values (a dict output of a differentiated graph fails to build on 2.7) and are rebuilt here
+    with the keys read while it was built."""
+    params, state = list(params), list(state)
     if not _c.IS_MINDSPORE:
         return _c.value_and_grad(fn, params)
     import mindspore
@@ -688,7 +690,7 @@ def value_and_grad(fn, params, name):
             return loss, values
         return loss, aux
 
-    grad_fn = mindspore.value_and_grad(loss_and_aux, None, params, has_aux=True)
+    grad_fn = mindspore.value_and_grad(loss_and_aux, None, params + state, has_aux=True)
 
     def graph_fn(*args):
         (loss, aux), grads = grad_fn(*args)
@@ -696,13 +698,17 @@ def value_and_grad(fn, params, name):
     graph_fn.__name__ = graph_fn.__qualname__ = name
     run = _Timed(_jit(graph_fn), name, grad=grad_forms)
 
-    def call(*args):
+    def call(*args, update_state=True):
         loss, aux, grads = run(*args)
         if _c.is_tensor(aux):
             aux = None
         else:
             aux = _cast_tree(_with_keys(aux, _AUX_KEYS[token] or None), torch)
-        return _cast_tree(loss, torch), aux, tuple(_cast_tree(g, torch) for g in grads)
+        n = len(params)
+        if update_state:
+            for p, step in zip(state, grads[n:]):
+                _ms_ops.assign_add(p, step)
+        return _cast_tree(loss, torch), aux, tuple(_cast_tree(g, torch) for g in grads[:n])
     call.graph = run
     return call
 

@@ -188,19 +188,24 @@ def _graph_batch_norm(x, running_mean, running_var, weight, bias, mode, momentum
     else:
         out = _bn_prim_c(True, eps)(x4, weight, bias, running_mean, running_var)
         y = out[0]
-        if mode == "general":
-            _graph_update_running(out, x4, running_mean, running_var, momentum)
+        if mode == "general":  # torch's update, old + momentum x (batch - old) (lerp's own arithmetic)
+            batch_mean = _STOP_GRADIENT(out[3])
+            batch_var = _graph_batch_var(out[4], x4)
+            _ASSIGN(running_mean, _LERP(running_mean, batch_mean, float(momentum)))
+            _ASSIGN(running_var, _LERP(running_var, batch_var, float(momentum)))
     if len(shape) < 4:
         y = _RESHAPE(y, shape)
     return _TO_TORCH(y)
 
 
 def _stateless_graph_batch_norm(x, running_mean, running_var, weight, bias, mode, momentum, eps):
-    """Batch norm inside a differentiated graph (`compat.jit.value_and_grad`, `in_grad_graph()`): the
-    training kernel runs as a pure op (`_stateless_bn`, which writes no moving statistics and takes tensors for
-    the affine, fast weights among them), and in mode 'general' torch's running-statistics update is written
-    into the running statistics by an Assign in the graph, a side effect the graph keeps whether or not the
-    output reaches the loss (as op by op)."""
+    """Batch norm inside a differentiated graph (`compat.jit.value_and_grad`, `in_grad_graph()`), which writes
+    no Parameter: the training kernel runs as a pure op (`_stateless_bn`, which writes no moving statistics and
+    takes tensors for the affine, fast weights among them), and in mode 'general' torch's running-statistics
+    update leaves the graph as the gradient of the running statistics (`_STATISTICS_TAP`), which
+    `compat.jit.value_and_grad(..., state=...)` adds to them after the call. A write inside the graph (an
+    Assign) gives the same statistics but another graph structure, which rounds the backward differently
+    (docs/ms27.md#step-graphs): the tap keeps the compiled steps' recorded trajectories."""
     shape = x.shape
     x4 = _RESHAPE(x, _shape4_c(shape)) if len(shape) < 4 else x
     channels = _channels_c(shape)
@@ -213,19 +218,15 @@ def _stateless_graph_batch_norm(x, running_mean, running_var, weight, bias, mode
         out = _stateless_bn_c(eps)(x4, scale, offset, zeros, ones)
         y = out[0]
         if mode == "general":
-            _graph_update_running(out, x4, running_mean, running_var, momentum)
+            batch_mean = _STOP_GRADIENT(out[3])
+            batch_var = _graph_batch_var(out[4], x4)
+            # torch's update as lerp's own arithmetic, old + m * (batch - old), of which the tap hands out the step
+            step_mean = _STOP_GRADIENT((batch_mean - running_mean) * float(momentum))
+            step_var = _STOP_GRADIENT((batch_var - running_var) * float(momentum))
+            y = _STATISTICS_TAP(y, running_mean, running_var, step_mean, step_var)
     if len(shape) < 4:
         y = _RESHAPE(y, shape)
     return _TO_TORCH(y)
-
-
-def _graph_update_running(out, x4, running_mean, running_var, momentum):
-    """torch's update of the running statistics from a training kernel's outputs on x4 (batch mean and saved
-    variance, detached), old + momentum x (batch - old) (lerp's own arithmetic), assigned in the graph."""
-    batch_mean = _STOP_GRADIENT(out[3])
-    batch_var = _graph_batch_var(out[4], x4)
-    _ASSIGN(running_mean, _LERP(running_mean, batch_mean, float(momentum)))
-    _ASSIGN(running_var, _LERP(running_var, batch_var, float(momentum)))
 
 
 def _channels(shape):
@@ -302,6 +303,7 @@ def _ms_batch_norm(x, weight, bias, eps, mode, running_mean=None, running_var=No
 
 
 if _c.IS_MINDSPORE:
+    import mindspore
     from mindspore import ops as _ops
     from mindspore.ops import operations as _P
     from mindspore.ops._primitive_cache import _get_cache_prim as _prim_cache
@@ -322,3 +324,19 @@ if _c.IS_MINDSPORE:
 
     _stateless_bn_c = _ops.constexpr(_stateless_bn, check=False)
 
+    class _StatisticsTap(mindspore.nn.Cell):
+        """Identity on `y` whose backward hands out two given values as the gradients of two Parameters:
+        `tap(y, running_mean, running_var, step_mean, step_var)` gives `step_mean` / `step_var` as the gradients
+        of the running statistics (their update, computed in the forward), `y`'s gradient unchanged. So a
+        differentiated graph returns its batch norms' running-statistics updates with the other gradients and
+        writes nothing (`_stateless_graph_batch_norm`). A batch norm whose output does not reach the loss gets a
+        zero step and keeps its statistics (reid's batch norms all reach it; the step tests compare every
+        statistic after every basic step with op by op)."""
+
+        def construct(self, y, running_mean, running_var, step_mean, step_var):
+            return y
+
+        def bprop(self, y, running_mean, running_var, step_mean, step_var, out, dout):
+            return dout, step_mean, step_var, _ops.zeros_like(step_mean), _ops.zeros_like(step_var)
+
+    _STATISTICS_TAP = _StatisticsTap()

@@ -118,6 +118,54 @@ def test_instance_norm_compiled_equals_op_by_op():
             np.testing.assert_allclose(compat.to_numpy(g), compat.to_numpy(r), rtol=1e-6, atol=1e-6, err_msg=name)
 
 
+def test_compiled_step_hands_the_running_statistics_update_out_and_adds_it():
+    """A training-mode batch norm (mode 'general') in a differentiated graph (`compat.jit.value_and_grad` with the
+    running statistics as `state`): the loss, the gradients and the running statistics after the call equal op by
+    op's (`compat.value_and_grad`, which updates them as torch does); `update_state=False` (the shared step graph's
+    meta-train calls, BN mode 'hold') leaves the statistics as they were, the gradients the same."""
+    import compat
+    if not compat.IS_MINDSPORE:
+        pytest.skip("compiled execution exists on MindSpore only")
+    rng = np.random.RandomState(7)
+    x = compat.as_tensor(rng.randn(6, 4, 5, 3).astype(np.float32) * 2 + 0.5)
+    scale = compat.as_tensor(rng.randn(6, 4, 5, 3).astype(np.float32))
+    mean0, var0 = rng.randn(4).astype(np.float32), rng.rand(4).astype(np.float32) + 0.5
+    w0, b0 = rng.rand(4).astype(np.float32) + 0.5, rng.randn(4).astype(np.float32)
+
+    def module(tag):
+        holder = compat.nn.Module()  # graphs need unique names: prepare() gives the attribute names
+        holder.register_parameter("w", compat.nn.Parameter(compat.as_tensor(w0.copy())))
+        holder.register_parameter("b", compat.nn.Parameter(compat.as_tensor(b0.copy())))
+        holder.register_buffer("rm", compat.jit.state_buffer(mean0))
+        holder.register_buffer("rv", compat.jit.state_buffer(var0))
+        outer = compat.nn.Module()
+        setattr(outer, "tap_" + tag, holder)
+        compat.jit.prepare(outer)
+        return holder
+
+    ref_mod = module("eager")
+    got_mod = module("graph")
+
+    def loss_of(m):
+        def loss_and_aux(inp):
+            loss = (compat.batch_norm(inp, m.rm, m.rv, m.w, m.b, "general", 0.1, 1e-5) * scale).sum()
+            return loss, {"loss": loss}
+        return loss_and_aux
+
+    ref_loss, _, ref_grads = compat.value_and_grad(loss_of(ref_mod), [ref_mod.w, ref_mod.b])(x)
+    step = compat.jit.value_and_grad(loss_of(got_mod), [got_mod.w, got_mod.b], "test_bn_state",
+                                     state=[got_mod.rm, got_mod.rv])
+    for update in (False, True):
+        loss, _, grads = step(x, update_state=update)
+        np.testing.assert_allclose(float(loss), float(ref_loss), rtol=1e-6)
+        for name, r, g in zip(("weight", "bias"), ref_grads, grads):
+            np.testing.assert_allclose(compat.to_numpy(g), compat.to_numpy(r), rtol=1e-5, atol=1e-5, err_msg=name)
+        want = [compat.to_numpy(t) for t in (ref_mod.rm, ref_mod.rv)] if update else [mean0, var0]
+        for name, t, w in zip(("running_mean", "running_var"), (got_mod.rm, got_mod.rv), want):
+            np.testing.assert_allclose(compat.to_numpy(t), w, rtol=1e-6, atol=1e-7, err_msg=name)
+    assert np.abs(compat.to_numpy(ref_mod.rm) - mean0).max() > 1e-2  # op by op moved them: the check has teeth
+
+
 def case_recorded_ops():
     """Primitive names MindSpore runs in each of three calls of one op-by-op differentiated function holding a
     training-mode batch norm, in a process where no batch norm ran before."""

@@ -24,10 +24,8 @@ ways to run them:
   and meta-train steps run one graph: it computes both objectives on the batch it is given, each weighted by
   a tensor argument (1 for the step's own, 0 for the other: the total, its terms and its gradients are the
   step's own, x * 1 + y * 0 = x, up to the order in which the graph adds up gradient contributions), and it
-  is built in BN mode 'general', the running statistics it writes in a meta-train step put back after the
-  call ('hold': `compat.jit.snapshot` / `restore`; not a gate Parameter read inside the graph: MindSpore 2.0
-  fails to build a graph whose batch norms, called from module constructs, read a Parameter that is no
-  module's, "Failed to find context"). A graph holds memory of its own for its lifetime (each convolution's
+  is built in BN mode 'general', its running-statistics update left out in a meta-train step ('hold':
+  `update_state=False`, compat.jit.value_and_grad). A graph holds memory of its own for its lifetime (each convolution's
   buffers, docs/performance.md#ratios), so one graph fewer is that much less memory and one build fewer, for
   computing the other step's loss terms on the features (a few dozen small kernels per step). The meta-test
   graph is the plain forward: because the fast-weight step is detached (first-order ACL),
@@ -124,8 +122,8 @@ class StepFunctions:
         self.settings, self.offsets, self.num_splits = dict(settings), tuple(int(o) for o in offsets), int(num_splits)
         self.compiled = compat.jit.enabled(compiled)  # compiled steps build on MindSpore only
         self.shared_graph = bool(shared_graph) and self.compiled
-        # what a graph built in BN mode 'general' writes (the running statistics): put back after the shared
-        # graph's meta-train calls, and given to compat.jit.value_and_grad as the state such graphs update
+        # what a graph built in BN mode 'general' updates (the running statistics): compat.jit.value_and_grad's
+        # state, left as it was in the shared graph's meta-train calls
         self.buffers = [b for _, b in model.named_buffers()] if self.compiled else []
         # op by op with num_splits > 1: one forward per chunk (the caller then sets model.num_splits 1, so that
         # the batch norms take each chunk's statistics); compiled steps always run one forward
@@ -158,13 +156,8 @@ class StepFunctions:
         statistics updated in basic steps only; returns the step's own terms."""
         basic = kind == "basic"
         weights = tuple(torch.tensor(np.array(w, np.float32)) for w in ((1.0, 0.0) if basic else (0.0, 1.0)))
-        saved = None if basic else compat.jit.snapshot(self.buffers)
-        try:
-            with bn_mode(self.model, BN_MODES["basic"]):
-                loss, (terms_basic, terms_mtrain), grads = fn(*(args + weights))
-        finally:
-            if saved is not None:  # meta-train: BN mode 'hold', i.e. the running statistics as they were
-                compat.jit.restore(self.buffers, saved)
+        with bn_mode(self.model, BN_MODES["basic"]):  # meta-train ('hold'): the statistics' update left out
+            loss, (terms_basic, terms_mtrain), grads = fn(*(args + weights), update_state=basic)
         return loss, terms_basic if basic else terms_mtrain, grads
 
     def function(self, kind, present):
@@ -230,7 +223,7 @@ class StepFunctions:
             total_basic, terms_basic = step_objective("basic", out, batch, settings, offsets, num_splits)
             total_mtrain, terms_mtrain = step_objective("mtrain", out, batch, settings, offsets, num_splits)
             return total_basic * weight_basic + total_mtrain * weight_mtrain, (terms_basic, terms_mtrain)
-        return compat.jit.value_and_grad(shared_loss, self.params, "basic_mtrain_loss")
+        return compat.jit.value_and_grad(shared_loss, self.params, "basic_mtrain_loss", state=self.buffers)
 
     def _build_step_graph(self, kind, counts):
         """The compiled graph of one step kind, in one form whatever the batch holds: the basic step takes every
@@ -253,7 +246,8 @@ class StepFunctions:
             out = train_dict(model(images))  # compiled, the train-mode forward returns a tuple
             return step_objective(kind, out, {"targets": targets, "domains": domains, "present": present_of(ids)},
                                   settings, offsets, num_splits)
-        return compat.jit.value_and_grad(compiled_loss, self.params, name)
+        state = self.buffers if BN_MODES[kind] == "general" else ()
+        return compat.jit.value_and_grad(compiled_loss, self.params, name, state=state)
 
     def _build_op_by_op(self, kind, present):
         """The op-by-op function of one step kind on chunks that hold the domain ids `present` (constants of it:
