@@ -189,8 +189,7 @@ def _graph_batch_norm(x, running_mean, running_var, weight, bias, mode, momentum
         out = _bn_prim_c(True, eps)(x4, weight, bias, running_mean, running_var)
         y = out[0]
         if mode == "general":  # torch's update, old + momentum x (batch - old) (lerp's own arithmetic)
-            batch_mean = _STOP_GRADIENT(out[3])
-            batch_var = _graph_batch_var(out[4], x4)
+            batch_mean, batch_var = _graph_batch_statistics(out, x4)
             _ASSIGN(running_mean, _LERP(running_mean, batch_mean, float(momentum)))
             _ASSIGN(running_var, _LERP(running_var, batch_var, float(momentum)))
     if len(shape) < 4:
@@ -218,8 +217,7 @@ def _stateless_graph_batch_norm(x, running_mean, running_var, weight, bias, mode
         out = _stateless_bn_c(eps)(x4, scale, offset, zeros, ones)
         y = out[0]
         if mode == "general":
-            batch_mean = _STOP_GRADIENT(out[3])
-            batch_var = _graph_batch_var(out[4], x4)
+            batch_mean, batch_var = _graph_batch_statistics(out, x4)
             # torch's update as lerp's own arithmetic, old + m * (batch - old), of which the tap hands out the step
             step_mean = _STOP_GRADIENT((batch_mean - running_mean) * float(momentum))
             step_var = _STOP_GRADIENT((batch_var - running_var) * float(momentum))
@@ -227,6 +225,12 @@ def _stateless_graph_batch_norm(x, running_mean, running_var, weight, bias, mode
     if len(shape) < 4:
         y = _RESHAPE(y, shape)
     return _TO_TORCH(y)
+
+
+def _graph_batch_statistics(out, x4):
+    """The batch statistics torch's running-statistics update takes, from a training kernel's outputs on x4:
+    the batch mean and the unbiased batch variance, detached."""
+    return _STOP_GRADIENT(out[3]), _graph_batch_var(out[4], x4)
 
 
 def _channels(shape):
